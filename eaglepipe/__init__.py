@@ -1,0 +1,1 @@
+"""eaglepipe: prompt sets to EAGLE-3 drafters, one Snakemake stage per subpackage."""

@@ -1,0 +1,74 @@
+"""Config validation: fill defaults from the JSON Schema and report the first problem in one line."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased as one line naming the key and what is allowed."""
+
+
+def _with_defaults(validator_class: type) -> type:
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema:
+                    instance.setdefault(name, copy.deepcopy(subschema["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft202012Validator)
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(part) for part in error.absolute_path) or "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    key = _key_path(error)
+    if error.validator == "additionalProperties":
+        allowed = ", ".join(sorted(error.schema.get("properties", {}))) or "none"
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        where = f"{key}." if error.absolute_path else ""
+        return f"config key '{where}{extra[0]}' is not allowed here (allowed: {allowed})"
+    if error.validator == "required":
+        return f"config key '{key}' misses {error.message.split(' is a required')[0]}"
+    if error.validator == "enum":
+        return f"config key '{key}' = {error.instance!r}: allowed values are {error.validator_value}"
+    if error.validator == "oneOf" and isinstance(error.instance, dict):
+        # Report the branch that matches the source's own `type`, which is what the user meant.
+        for sub in error.context or []:
+            branch_type = sub.schema.get("properties", {}).get("type", {}).get("const")
+            matches_type = branch_type is None or branch_type == error.instance.get("type")
+            if matches_type and sub.validator != "const":
+                return _describe(sub)
+        return f"config key '{key}.type' = {error.instance.get('type')!r}: allowed values are 'jsonl', 'hf'"
+    return f"config key '{key}' = {error.instance!r}: {error.message}"
+
+
+def validate_config(config: dict[str, Any], schema_path: Path) -> dict[str, Any]:
+    """Validate in place (defaults filled) and check what the schema cannot express."""
+    schema = yaml.safe_load(schema_path.read_text())
+    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: len(list(e.absolute_path)))
+    if errors:
+        raise ConfigError(_describe(errors[0]))
+    missing = [name for name in config["datasets"] if name not in config["sources"]]
+    if missing:
+        raise ConfigError(
+            f"config key 'sources' has no entry for prompt set {missing[0]!r} listed in 'datasets'"
+        )
+    return config
+
+
+def is_local_api(config: dict[str, Any]) -> bool:
+    return config["api"]["base_url"] == "local"

@@ -1,0 +1,41 @@
+"""What every Snakemake job shares: logging into its `log:` file, a thread cap, one-line errors."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def snakemake_job(smk: Any) -> Iterator[logging.Logger]:
+    """Run a job body so that our own errors end it with one actionable line, not a traceback."""
+    log_path = Path(smk.log[0]) if smk.log else None
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_path:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_path, mode="w"))
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", handlers=handlers, force=True
+    )
+    _cap_threads(getattr(smk, "threads", 1))
+    logger = logging.getLogger(f"eaglepipe.job.{smk.rule}")
+    try:
+        yield logger
+    except Exception as error:
+        if type(error).__module__.startswith("eaglepipe"):
+            logger.error("%s", error)
+            sys.exit(1)
+        raise
+
+
+def _cap_threads(threads: int) -> None:
+    """Parallel CPU jobs must not each grab every core."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(max(1, int(threads)))

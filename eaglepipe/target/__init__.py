@@ -1,0 +1,1 @@
+"""The target model: building the embedded one, loading any, rendering its prompts."""

@@ -1,0 +1,50 @@
+# Config validation and the helpers every rule uses. Nothing here touches the network or reads a key.
+
+import re
+import sys
+from pathlib import Path
+
+from eaglepipe.config import ConfigError, is_local_api, validate_config
+from eaglepipe.openrouter.fingerprint import request_fingerprint
+
+try:
+    validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
+except ConfigError as error:
+    sys.exit(f"eaglepipe: {error}")
+
+DATASETS = config["datasets"]
+LOCAL_API = is_local_api(config)
+TARGET_DIR = config["target"]["path"]
+
+
+wildcard_constraints:
+    ds="|".join(map(re.escape, DATASETS)) if DATASETS else "(?!)",
+
+
+def embedded_target():
+    """The target directory as an input only when a rule builds it; a real target is used in place."""
+    return [TARGET_DIR] if config["target"]["embedded"] else []
+
+
+def source_inputs(wildcards):
+    """A local JSONL source is a file input (editing it reruns its set); a dataset download is not."""
+    source = config["sources"][wildcards.ds]
+    return [source["path"]] if source["type"] == "jsonl" else []
+
+
+def generation_fingerprint():
+    gen = config["generation"]
+    return request_fingerprint(
+        model=config["api"]["model"],
+        base_url=config["api"]["base_url"],
+        provider_obj=config["routing"],
+        sampling={"temperature": gen["temperature"], "top_p": gen["top_p"], "seed": gen["seed"]},
+        max_tokens=gen["max_tokens"],
+        reasoning=gen["reasoning"],
+    )
+
+
+onstart:
+    from eaglepipe.openrouter.preflight import check_key_for_pending_sets
+
+    check_key_for_pending_sets(config, DATASETS)

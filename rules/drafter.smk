@@ -1,0 +1,51 @@
+# 4. Train the EAGLE-3 drafter on every set's shards except the held-out prompts, export it for SGLang/vLLM.
+# 5. Evaluate it from the exported files: its own rule, so re-evaluating never retrains.
+
+
+rule train_drafter:
+    input:
+        manifests=expand("results/{ds}/hidden.done", ds=DATASETS),
+        token_stats=expand("results/{ds}/tokens.json", ds=DATASETS),
+        model=embedded_target(),
+    output:
+        config="results/drafter/config.json",
+        weights="results/drafter/model.safetensors",
+        report="results/drafter/train.json",
+    params:
+        target=TARGET_DIR,
+        settings=config["drafter"],
+        holdout_per_dataset=config["eval"]["holdout_per_dataset"],
+        holdout_ids=config["eval"]["holdout_ids"],
+    log:
+        "logs/train_drafter.log",
+    threads: 2
+    resources:
+        gpu=config["drafter"]["gpus"],
+    conda:
+        "../envs/gpu.yaml"
+    script:
+        "../scripts/train_drafter.py"
+
+
+rule evaluate_drafter:
+    input:
+        config="results/drafter/config.json",
+        weights="results/drafter/model.safetensors",
+        report="results/drafter/train.json",
+        tokens=expand("results/{ds}/tokens.safetensors", ds=DATASETS),
+        token_stats=expand("results/{ds}/tokens.json", ds=DATASETS),
+        model=embedded_target(),
+    output:
+        eval="results/drafter/eval.json",
+    params:
+        target=TARGET_DIR,
+        settings=config["eval"],
+    log:
+        "logs/evaluate_drafter.log",
+    threads: 2
+    resources:
+        gpu=min(config["drafter"]["gpus"], 1),
+    conda:
+        "../envs/gpu.yaml"
+    script:
+        "../scripts/evaluate_drafter.py"

@@ -1,0 +1,48 @@
+# 1. Generation, the stage that spends money. Progress lives in results/{ds}/.journal/ (undeclared, so a
+# failed or killed job never loses a paid response); responses.jsonl is written once, atomically, at the end.
+
+
+rule providers:
+    input:
+        model=embedded_target() if LOCAL_API else [],
+    output:
+        providers="results/providers.json",
+    params:
+        api=config["api"],
+        routing=config["routing"],
+        max_tokens=config["generation"]["max_tokens"],
+    log:
+        "logs/providers.log",
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/providers.py"
+
+
+rule generate:
+    input:
+        prompts="resources/prompts/{ds}.jsonl",
+        # ancient: refreshing the endpoint list alone must not re-buy responses.
+        providers=ancient("results/providers.json"),
+        model=embedded_target() if LOCAL_API else [],
+    output:
+        responses="results/{ds}/responses.jsonl",
+        summary="results/{ds}/responses.summary.json",
+    params:
+        # Only what changes the responses or completes a set belongs here: a change reruns the (paid) job,
+        # which then resumes from the journal.
+        fingerprint=generation_fingerprint(),
+        output_token_budget=config["budget"]["output_tokens_per_dataset"],
+        usd_budget=config["budget"]["usd"],
+        journal=lambda wildcards: f"results/{wildcards.ds}/.journal",
+    log:
+        "logs/generate/{ds}.log",
+    localrule: True
+    resources:
+        api=1,
+    threads: 1
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/generate.py"

@@ -1,0 +1,21 @@
+# 2. Token ids: the rendered prompt plus the completion, with a loss mask over the completion.
+
+
+rule tokens:
+    input:
+        prompts="resources/prompts/{ds}.jsonl",
+        responses="results/{ds}/responses.jsonl",
+        model=embedded_target(),
+    output:
+        tokens="results/{ds}/tokens.safetensors",
+        stats="results/{ds}/tokens.json",
+    params:
+        target=TARGET_DIR,
+        on_mismatch=config["tokens"]["on_mismatch"],
+    log:
+        "logs/tokens/{ds}.log",
+    threads: 1
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/tokens.py"

@@ -1,0 +1,20 @@
+"""Shared fixtures: the real embedded model, built once if the pipeline has not built it yet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eaglepipe.target.convert import EMBEDDED_GGUF, convert_gguf, packaged_gguf
+
+REPO = Path(__file__).resolve().parent.parent
+EMBEDDED_MODEL_DIR = REPO / "resources" / "models" / "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The converted SmolLM2 directory; converting takes ~40 s, so it is shared with the pipeline's copy."""
+    if not (EMBEDDED_MODEL_DIR / "model.safetensors").is_file():
+        convert_gguf(packaged_gguf(*EMBEDDED_GGUF), EMBEDDED_MODEL_DIR)
+    return EMBEDDED_MODEL_DIR
