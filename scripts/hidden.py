@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from eaglepipe.jobs import snakemake_job
 from eaglepipe.hidden.extract import extract_hidden
+from eaglepipe.jobs import snakemake_job
 
 with snakemake_job(snakemake) as log:
     manifest = extract_hidden(

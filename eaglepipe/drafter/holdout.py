@@ -1,0 +1,36 @@
+"""Which prompts the drafter never trains on, and their prompt ids for the evaluation.
+
+The held-out set is the first `per_dataset` prompts of each set's row order (rows follow the seeded
+prompt order, so adding prompts to a set rarely changes it) plus any ids the config names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+
+def select_holdout(token_stats: list[Path], *, per_dataset: int, explicit: list[str]) -> list[str]:
+    chosen: list[str] = []
+    for path in token_stats:
+        chosen += json.loads(Path(path).read_text())["prompt_ids"][:per_dataset]
+    return chosen + [pid for pid in explicit if pid not in chosen]
+
+
+def holdout_prompts(
+    token_files: list[Path], token_stats: list[Path], holdout_ids: list[str]
+) -> list[tuple[str, list[int]]]:
+    """(prompt id, rendered prompt ids) of every held-out prompt that has a tokenized sample."""
+    wanted = set(holdout_ids)
+    found: list[tuple[str, list[int]]] = []
+    for tensors_path, stats_path in zip(token_files, token_stats, strict=True):
+        rows = json.loads(Path(stats_path).read_text())["prompt_ids"]
+        tensors = load_file(str(tensors_path))
+        offsets, prompt_len, ids = tensors["offsets"], tensors["prompt_len"], tensors["input_ids"]
+        for row, pid in enumerate(rows):
+            if pid in wanted:
+                start = int(offsets[row])
+                found.append((pid, ids[start : start + int(prompt_len[row])].tolist()))
+    return found

@@ -1,0 +1,102 @@
+"""Turning loaded records into the prompt set file: ids, deduplication, a stable seeded order."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from eaglepipe.prompts.ids import prompt_id
+from eaglepipe.prompts.sources import SkippedRow, SourcedRecord, load_hf, load_jsonl
+from eaglepipe.prompts.validate import PromptError
+
+log = logging.getLogger(__name__)
+STAT_KEYS = ("read", "kept", "duplicates_dropped", "stripped_trailing_assistant", "skipped_invalid")
+
+
+def _order_key(seed: int, record_id: str) -> str:
+    # Each prompt's place depends only on its own id, so adding prompts never reshuffles the others.
+    return hashlib.sha256(f"{seed}:{record_id}".encode()).hexdigest()
+
+
+def build_prompt_set(records: Iterable[SourcedRecord | SkippedRow], *, seed: int) -> tuple[list[dict], dict]:
+    """(records with ids, in seeded order, duplicates dropped; counts for the rule's log)."""
+    stats = dict.fromkeys(STAT_KEYS, 0)
+    first_use: dict[str, tuple[str, str]] = {}  # id -> (content hash, where it first appeared)
+    seen_content: set[str] = set()
+    kept: list[dict] = []
+    for item in records:
+        stats["read"] += 1
+        if isinstance(item, SkippedRow):
+            stats["skipped_invalid"] += 1
+            continue
+        stats["stripped_trailing_assistant"] += int(item.stripped_trailing_assistant)
+        record = item.record
+        content_hash = prompt_id(record["messages"], record.get("tools"))
+        record_id = record.get("id", content_hash)
+        first_hash, first_where = first_use.setdefault(record_id, (content_hash, item.where))
+        if first_hash != content_hash:
+            raise PromptError(
+                f"prompt id {record_id!r} names two different prompts, at {first_where} and {item.where}; "
+                "rename one of them or remove its id"
+            )
+        if content_hash in seen_content:
+            stats["duplicates_dropped"] += 1
+            continue
+        seen_content.add(content_hash)
+        kept.append({"id": record_id, **{key: value for key, value in record.items() if key != "id"}})
+    kept.sort(key=lambda record: _order_key(seed, record["id"]))
+    stats["kept"] = len(kept)
+    return kept, stats
+
+
+def write_prompt_set(records: Iterable[dict], path: Path) -> None:
+    """Write atomically, so a killed job never leaves a half-written set that looks finished."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temp_name, 0o644)  # mkstemp makes it private; the set is an ordinary shared file
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+def load_source(source: dict, *, strip_trailing_assistant: bool) -> list[SourcedRecord | SkippedRow]:
+    """The records a set's `source` mapping describes (`type`: jsonl with `path`, or hf)."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "jsonl":
+        unknown = sorted(set(source) - {"type", "path"})
+        if unknown or not isinstance(source.get("path"), str):
+            raise PromptError(
+                f"jsonl source: needs only `path` (a string), got keys {', '.join(sorted(source))}"
+            )
+        return load_jsonl(Path(source["path"]), strip_trailing_assistant=strip_trailing_assistant)
+    if kind == "hf":
+        return load_hf(source, strip_trailing_assistant=strip_trailing_assistant)
+    raise PromptError(
+        f"prompt source type {kind!r} is not jsonl or hf; fix `source.type` for this set in the config"
+    )
+
+
+def build_from_source(source: dict, out: Path, *, seed: int, strip_trailing_assistant: bool) -> dict:
+    """Build and write one prompt set; returns the counts. A set with no valid prompt is an error."""
+    loaded = load_source(source, strip_trailing_assistant=strip_trailing_assistant)
+    records, stats = build_prompt_set(loaded, seed=seed)
+    skipped = [item for item in loaded if isinstance(item, SkippedRow)]
+    for row in skipped[:3]:
+        log.warning("skipped %s", row.reason)
+    if not records:
+        first = f"; first: {skipped[0].reason}" if skipped else ""
+        raise PromptError(f"{out.name}: the source gave no valid prompt ({len(skipped)} rows skipped{first})")
+    write_prompt_set(records, out)
+    return stats

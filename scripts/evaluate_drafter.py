@@ -1,0 +1,28 @@
+"""Snakemake adapter: acceptance length of the exported drafter on the held-out prompts."""
+
+import json
+from pathlib import Path
+
+from eaglepipe.drafter.evaluate import evaluate
+
+from eaglepipe.drafter.holdout import holdout_prompts
+from eaglepipe.io import write_json
+from eaglepipe.jobs import snakemake_job
+
+with snakemake_job(snakemake) as log:
+    settings = snakemake.params.settings
+    holdout_ids = json.loads(Path(snakemake.input.report).read_text())["holdout_ids"]
+    prompts = holdout_prompts(
+        [Path(p) for p in snakemake.input.tokens], [Path(p) for p in snakemake.input.token_stats], holdout_ids
+    )
+    result = evaluate(
+        Path(snakemake.input.config).parent,
+        Path(snakemake.params.target),
+        [ids for _, ids in prompts],
+        num_steps=settings["num_steps"],
+        topk=settings["topk"],
+        num_draft_tokens=settings["num_draft_tokens"],
+        max_new_tokens=settings["max_new_tokens"],
+    )
+    write_json(Path(snakemake.output.eval), {**result, "prompt_ids": [pid for pid, _ in prompts]})
+    log.info("acceptance lengths: %s", {m: r["acceptance_length"] for m, r in result["methods"].items()})

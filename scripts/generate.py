@@ -1,0 +1,19 @@
+"""Snakemake adapter: the target's responses for one prompt set (resumes from its journal)."""
+
+from pathlib import Path
+
+from eaglepipe.openrouter.stage import run_generation
+
+from eaglepipe.jobs import snakemake_job
+
+with snakemake_job(snakemake):
+    run_generation(
+        snakemake.config,
+        prompts_path=Path(snakemake.input.prompts),
+        providers_path=Path(snakemake.input.providers),
+        responses_path=Path(snakemake.output.responses),
+        summary_path=Path(snakemake.output.summary),
+        journal_dir=Path(snakemake.params.journal),
+        fingerprint=snakemake.params.fingerprint,
+        output_token_budget=snakemake.params.output_token_budget,
+    )

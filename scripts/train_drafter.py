@@ -1,0 +1,26 @@
+"""Snakemake adapter: train the EAGLE-3 drafter on every set but the held-out prompts, and export it."""
+
+from pathlib import Path
+
+from eaglepipe.drafter.train import TrainSettings, train_drafter
+
+from eaglepipe.drafter.holdout import select_holdout
+from eaglepipe.io import write_json
+from eaglepipe.jobs import snakemake_job
+
+with snakemake_job(snakemake) as log:
+    holdout = select_holdout(
+        [Path(p) for p in snakemake.input.token_stats],
+        per_dataset=snakemake.params.holdout_per_dataset,
+        explicit=snakemake.params.holdout_ids,
+    )
+    settings = {key: value for key, value in snakemake.params.settings.items() if key != "gpus"}
+    report = train_drafter(
+        [Path(p) for p in snakemake.input.manifests],
+        Path(snakemake.params.target),
+        Path(snakemake.output.config).parent,
+        holdout_ids=set(holdout),
+        settings=TrainSettings(**settings),
+    )
+    write_json(Path(snakemake.output.report), {**report, "holdout_ids": holdout})
+    log.info("trained: %s", {k: v for k, v in report.items() if not isinstance(v, list | dict)})

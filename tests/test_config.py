@@ -1,0 +1,69 @@
+"""Config validation: defaults filled, and every mistake reported in one line naming the key."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eaglepipe.config import ConfigError, validate_config
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = REPO / "schemas" / "config.schema.yaml"
+
+
+def real_config() -> dict:
+    return yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_real_config_is_valid_and_gets_defaults():
+    config = validate_config(real_config(), SCHEMA)
+    assert config["generation"]["concurrency"] == 2000
+    assert config["budget"] == {"usd": 100, "output_tokens_per_dataset": 10_000_000}
+    assert config["routing"]["quantizations"] == ["int4"]
+    assert config["tokens"]["on_mismatch"] == "drop"
+    assert config["datasets"] == [f"B{i}" for i in range(1, 9)]
+
+
+def test_local_config_only_overrides():
+    local = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
+    assert set(local) <= set(real_config()), "config/local.yaml adds keys the real config does not have"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda c: c["generation"].update(concurency=5), "'generation.concurency' is not allowed"),
+        (lambda c: c.update(budgets={}), "'budgets' is not allowed"),
+        (lambda c: c["generation"].update(concurrency=0), "'generation.concurrency' = 0"),
+        (lambda c: c.setdefault("tokens", {}).update(on_mismatch="x"), "allowed values are ['drop', 'keep']"),
+        (lambda c: c["datasets"].append("B9"), "no entry for prompt set 'B9'"),
+        (lambda c: c["sources"]["B1"].update(type="csv"), "'sources.B1.type' = 'csv'"),
+        (lambda c: c["sources"]["B1"].pop("name"), "'sources.B1' misses 'name'"),
+        (lambda c: c["datasets"].append("drafter"), "'datasets.8'"),
+    ],
+)
+def test_mistakes_name_the_key_in_one_line(mutate, expected):
+    config = copy.deepcopy(real_config())
+    mutate(config)
+    with pytest.raises(ConfigError) as info:
+        validate_config(config, SCHEMA)
+    message = str(info.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_snakemake_stops_before_any_job_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("generation: {concurency: 5}\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(bad)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode != 0
+    assert "eaglepipe: config key 'generation.concurency' is not allowed" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -1,0 +1,109 @@
+"""Token stage: rendered prompt + completion, loss mask, server ids checked, billed counts compared."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eaglepipe.target.chat import render_prompt_ids, stop_token_id
+from eaglepipe.target.load import load_target
+from eaglepipe.tokens.build import Method, TokensError, build_tokens
+
+PROMPTS = [
+    {"id": "p-greet", "messages": [{"role": "user", "content": "Say hello to Ada."}]},
+    {"id": "p-math", "messages": [{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": "What is 12 times 11?"}]},
+    {"id": "p-tool", "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+     "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]},
+]
+
+
+@pytest.fixture(scope="module")
+def greedy(model_dir):
+    """Real greedy completions of the target, as a server would return them."""
+    model, tokenizer = load_target(model_dir)
+    stop = stop_token_id(tokenizer)
+    answers = {}
+    for prompt in PROMPTS:
+        ids = render_prompt_ids(tokenizer, prompt["messages"], prompt.get("tools"))
+        out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+        stopped = stop in out
+        completion = out[: out.index(stop)] if stopped else out
+        answers[prompt["id"]] = (len(ids), completion, stopped)
+    return tokenizer, answers
+
+
+def record(pid, tokenizer, answers, *, with_ids=True, billed_delta=0):
+    prompt_len, ids, stopped = answers[pid]
+    response = {
+        "content": tokenizer.decode(ids), "reasoning": None, "tool_calls": None,
+        "finish_reason": "stop" if stopped else "length",
+    }
+    if with_ids:
+        response["token_ids"] = ids
+    usage = {"prompt_tokens": prompt_len, "completion_tokens": len(ids) + stopped + billed_delta, "cost": 0.0}
+    return {"prompt_id": pid, "response": response, "usage": usage}
+
+
+def write(tmp_path, records):
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    (tmp_path / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return tmp_path / "prompts.jsonl", tmp_path / "responses.jsonl"
+
+
+def run(tmp_path, model_dir, records, **kwargs):
+    prompts, responses = write(tmp_path, records)
+    return build_tokens(prompts, responses, model_dir, tmp_path / "tokens.safetensors",
+                        tmp_path / "tokens.json", **kwargs)
+
+
+def test_rows_masks_and_methods(tmp_path, model_dir, greedy):
+    tokenizer, answers = greedy
+    records = [record("p-greet", tokenizer, answers), record("p-math", tokenizer, answers, with_ids=False),
+               record("p-tool", tokenizer, answers)]
+    stats = run(tmp_path, model_dir, records)
+    tensors = load_file(str(tmp_path / "tokens.safetensors"))
+    assert stats["prompt_ids"] == ["p-greet", "p-math", "p-tool"]
+    assert json.loads((tmp_path / "tokens.json").read_text()) == stats
+    offsets, prompt_len = tensors["offsets"].tolist(), tensors["prompt_len"].tolist()
+    for row, pid in enumerate(stats["prompt_ids"]):
+        billed_prompt, completion, stopped = answers[pid]
+        seq = tensors["input_ids"][offsets[row]:offsets[row + 1]].tolist()
+        mask = tensors["loss_mask"][offsets[row]:offsets[row + 1]].tolist()
+        assert prompt_len[row] == billed_prompt
+        assert seq[prompt_len[row]:] == completion + ([stop_token_id(tokenizer)] if stopped else [])
+        assert mask == [0] * prompt_len[row] + [1] * (len(seq) - prompt_len[row])
+    assert tensors["method"].tolist()[0] == Method.SERVER_IDS
+    assert stats["counts"]["prompt_count_mismatches"] == 0
+    assert stats["billed"]["relative_difference"] == 0
+
+
+def test_count_mismatch_is_dropped_or_kept(tmp_path, model_dir, greedy):
+    tokenizer, answers = greedy
+    records = [record("p-greet", tokenizer, answers, with_ids=False, billed_delta=2),
+               record("p-math", tokenizer, answers)]
+    dropped = run(tmp_path, model_dir, records)
+    assert dropped["prompt_ids"] == ["p-math"]
+    assert dropped["counts"]["dropped"] == {"completion_count_mismatch": 1}
+    assert dropped["billed"]["rebuilt_minus_billed_histogram"] == {"-2": 1, "0": 1}
+    assert dropped["billed"]["relative_difference"] < 0
+    kept = run(tmp_path, model_dir, records, on_mismatch="keep")
+    assert kept["prompt_ids"] == ["p-greet", "p-math"]
+
+
+def test_server_ids_that_do_not_decode_to_the_text_are_not_trusted(tmp_path, model_dir, greedy):
+    tokenizer, answers = greedy
+    bad = record("p-greet", tokenizer, answers)
+    bad["response"]["token_ids"] = bad["response"]["token_ids"][::-1]
+    stats = run(tmp_path, model_dir, [bad])
+    assert "server_ids" not in stats["counts"]["by_method"]
+
+
+def test_stale_responses_stop_with_one_line(tmp_path, model_dir, greedy):
+    tokenizer, answers = greedy
+    stale = record("p-greet", tokenizer, answers) | {"prompt_id": "gone"}
+    with pytest.raises(TokensError, match="prompt id gone is not in .*rerun generation"):
+        run(tmp_path, model_dir, [stale])
