@@ -45,6 +45,10 @@ def generation_fingerprint():
 
 
 onstart:
-    from eaglepipe.openrouter.preflight import check_key_for_pending_sets
+    from eaglepipe.openrouter.errors import OpenRouterError
+    from eaglepipe.openrouter.stage import check_key_for_pending_sets
 
-    check_key_for_pending_sets(config, DATASETS)
+    try:
+        check_key_for_pending_sets(config, DATASETS, Path("results"))
+    except OpenRouterError as error:
+        sys.exit(f"eaglepipe: {error}")

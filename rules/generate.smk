@@ -34,7 +34,6 @@ rule generate:
         # which then resumes from the journal.
         fingerprint=generation_fingerprint(),
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
-        usd_budget=config["budget"]["usd"],
         journal=lambda wildcards: f"results/{wildcards.ds}/.journal",
     log:
         "logs/generate/{ds}.log",

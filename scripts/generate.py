@@ -2,9 +2,8 @@
 
 from pathlib import Path
 
-from eaglepipe.openrouter.stage import run_generation
-
 from eaglepipe.jobs import snakemake_job
+from eaglepipe.openrouter.stage import run_generation
 
 with snakemake_job(snakemake):
     run_generation(
@@ -16,4 +15,5 @@ with snakemake_job(snakemake):
         journal_dir=Path(snakemake.params.journal),
         fingerprint=snakemake.params.fingerprint,
         output_token_budget=snakemake.params.output_token_budget,
+        emulator_log=Path(snakemake.log[0]).with_suffix(".emulator.log"),
     )

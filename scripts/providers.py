@@ -2,9 +2,12 @@
 
 from pathlib import Path
 
+from eaglepipe.jobs import snakemake_job
 from eaglepipe.openrouter.stage import write_providers
 
-from eaglepipe.jobs import snakemake_job
-
 with snakemake_job(snakemake):
-    write_providers(snakemake.config, Path(snakemake.output.providers))
+    write_providers(
+        snakemake.config,
+        Path(snakemake.output.providers),
+        emulator_log=Path(snakemake.log[0]).with_suffix(".emulator.log"),
+    )

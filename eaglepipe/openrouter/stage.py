@@ -1,0 +1,106 @@
+"""The generation stage as the rules see it: config in, providers.json or responses.jsonl out.
+
+This is where "which API" is decided: `api.base_url: local` starts the bundled emulator serving the
+target for the job's own duration (no key); anything else is a real API reached with the key file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from eaglepipe.config import is_local_api
+from eaglepipe.io import write_json
+from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary
+from eaglepipe.openrouter.errors import OpenRouterError
+from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
+from eaglepipe.openrouter.run import generate_responses
+from eaglepipe.openrouter.secrets import ApiKey, read_api_key
+
+log = logging.getLogger(__name__)
+
+
+def routing_policy(config: dict[str, Any]) -> RoutingPolicy:
+    routing = dict(config["routing"])
+    routing["only"] = routing.get("only") or None  # an empty allowlist means "no allowlist"
+    return RoutingPolicy.from_config({**routing, "max_tokens": config["generation"]["max_tokens"]})
+
+
+@contextmanager
+def api_connection(
+    config: dict[str, Any], emulator_log: Path | None = None
+) -> Iterator[tuple[str, ApiKey | None]]:
+    """(base URL, key) for this job; the local emulator lives exactly as long as the `with` block."""
+    api = config["api"]
+    if not is_local_api(config):
+        yield api["base_url"], read_api_key(api["key_file"], api["key_file_env"])
+        return
+    from eaglepipe.emulator.runner import running_emulator
+
+    with running_emulator(
+        Path(config["target"]["path"]), extra_args=["--model-id", api["model"]], log_path=emulator_log
+    ) as base_url:
+        yield base_url, None
+
+
+def write_providers(config: dict[str, Any], out_path: Path, emulator_log: Path | None = None) -> None:
+    with api_connection(config, emulator_log) as (base_url, key):
+        providers = fetch_providers(base_url, config["api"]["model"], key, routing_policy(config))
+    if is_local_api(config):
+        providers["source"] = "local"  # the emulator's port changes every run; its identity does not
+    write_json(out_path, providers)
+    log.info("%s: kept %s", out_path, [e["tag"] for e in providers["kept"]])
+
+
+def run_generation(
+    config: dict[str, Any],
+    *,
+    prompts_path: Path,
+    providers_path: Path,
+    responses_path: Path,
+    summary_path: Path,
+    journal_dir: Path,
+    fingerprint: str,
+    output_token_budget: int,
+    emulator_log: Path | None = None,
+) -> GenerationSummary:
+    gen = config["generation"]
+    providers = json.loads(providers_path.read_text())
+    if providers.get("model") != config["api"]["model"]:
+        raise OpenRouterError(
+            f"{providers_path} lists endpoints of {providers.get('model')!r}, not of "
+            f"{config['api']['model']!r}: refresh it with `snakemake --forcerun providers`"
+        )
+    with api_connection(config, emulator_log) as (base_url, key):
+        settings = GenerationSettings(
+            base_url=base_url,
+            model=config["api"]["model"],
+            fingerprint=fingerprint,
+            max_tokens=gen["max_tokens"],
+            sampling={"temperature": gen["temperature"], "top_p": gen["top_p"], "seed": gen["seed"]},
+            provider_obj=provider_request(providers["kept"], routing_policy(config)),
+            reasoning=gen["reasoning"],
+            concurrency=gen["concurrency"],
+            max_attempts=gen["max_attempts"],
+            request_timeout_s=gen["request_timeout_s"],
+            output_token_budget=output_token_budget,
+            stream=gen["stream"],
+            return_token_ids=gen["return_token_ids"],
+        )
+        summary = generate_responses(prompts_path, responses_path, summary_path, journal_dir, settings, key)
+    log.info("%s: %d done (%d resumed), %d tokens, $%.4f", responses_path, summary.done, summary.resumed,
+             summary.completion_tokens, summary.dollars)
+    return summary
+
+
+def check_key_for_pending_sets(config: dict[str, Any], datasets: list[str], results: Path) -> None:
+    """`onstart`: fail before any job when a set still needs paid generation and there is no usable key."""
+    if is_local_api(config):
+        return
+    pending = [ds for ds in datasets if not (results / ds / "responses.jsonl").is_file()]
+    if pending:
+        read_api_key(config["api"]["key_file"], config["api"]["key_file_env"])
