@@ -5,11 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from eaglepipe.io import atomic_write
 from eaglepipe.prompts.ids import prompt_id
 from eaglepipe.prompts.sources import SkippedRow, SourcedRecord, load_hf, load_jsonl
 from eaglepipe.prompts.validate import PromptError
@@ -56,19 +55,8 @@ def build_prompt_set(records: Iterable[SourcedRecord | SkippedRow], *, seed: int
 
 def write_prompt_set(records: Iterable[dict], path: Path) -> None:
     """Write atomically, so a killed job never leaves a half-written set that looks finished."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for record in records:
-                out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temp_name, 0o644)  # mkstemp makes it private; the set is an ordinary shared file
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    lines = [json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n" for record in records]
+    atomic_write(path, lambda tmp: tmp.write_text("".join(lines), encoding="utf-8"))
 
 
 def load_source(source: dict, *, strip_trailing_assistant: bool) -> list[SourcedRecord | SkippedRow]:

@@ -1,0 +1,214 @@
+"""A generated completion, what it costs, and the OpenRouter bodies that report it."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from eaglepipe.emulator.engine import GeneratedToken
+from eaglepipe.emulator.providers import Endpoint
+from eaglepipe.emulator.text import TokenBytes
+
+
+def new_generation_id() -> str:
+    return "gen-" + secrets.token_urlsafe(18)
+
+
+@dataclass
+class Completion:
+    """One request's generation; its counts follow the endpoint's billing convention."""
+
+    model_id: str
+    endpoint: Endpoint
+    prompt_ids: list[int]
+    stop_id: int
+    streamed: bool
+    id: str = field(default_factory=new_generation_id)
+    created: int = field(default_factory=lambda: int(time.time()))
+    started: float = field(default_factory=time.monotonic)
+    tokens: list[GeneratedToken] = field(default_factory=list)
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    cancelled: bool = False
+    failed: bool = False
+
+    def add(self, token: GeneratedToken) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = time.monotonic() - self.started
+        self.tokens.append(token)
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.tokens) and self.tokens[-1].token_id == self.stop_id
+
+    @property
+    def answer_tokens(self) -> list[GeneratedToken]:
+        return self.tokens[:-1] if self.stopped else self.tokens
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """The answer's ids, the stop token excluded (what `token_ids` returns)."""
+        return [t.token_id for t in self.answer_tokens]
+
+    @property
+    def finish_reason(self) -> str | None:
+        if self.failed:
+            return "error"
+        if self.cancelled and not self.stopped:
+            return None
+        return "stop" if self.stopped else "length"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        billed_stop = self.stopped and self.endpoint.bills_stop_token
+        return len(self.completion_ids) + int(billed_stop)
+
+    @property
+    def billed(self) -> bool:
+        """OpenRouter charges nothing for a response that failed or has no tokens."""
+        return self.completion_tokens > 0 and not self.failed
+
+    def costs(self) -> tuple[float, float, float]:
+        """(prompt, completion, total) USD."""
+        if not self.billed:
+            return 0.0, 0.0, 0.0
+        prompt = self.prompt_tokens * self.endpoint.price("prompt")
+        completion = self.completion_tokens * self.endpoint.price("completion")
+        return prompt, completion, prompt + completion + self.endpoint.price("request")
+
+    def usage(self) -> dict[str, Any]:
+        prompt_cost, completion_cost, cost = self.costs()
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "cost": cost,
+            "is_byok": False,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0},
+            "cost_details": {
+                "upstream_inference_cost": None,
+                "upstream_inference_prompt_cost": prompt_cost,
+                "upstream_inference_completions_cost": completion_cost,
+            },
+        }
+
+    def header(self, obj: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "provider": self.endpoint.public["provider_name"],
+            "model": self.model_id,
+            "object": obj,
+            "created": self.created,
+            "system_fingerprint": None,
+        }
+
+    def body(self, content: str, logprobs: dict[str, Any] | None, with_token_ids: bool) -> dict[str, Any]:
+        """The non-streamed `/chat/completions` answer."""
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": logprobs,
+            "finish_reason": self.finish_reason,
+            "native_finish_reason": self.finish_reason,
+            "message": {"role": "assistant", "content": content, "refusal": None, "reasoning": None},
+        }
+        body = {**self.header("chat.completion"), "choices": [choice], "usage": self.usage()}
+        if with_token_ids:
+            choice["token_ids"] = self.completion_ids
+            body["prompt_token_ids"] = self.prompt_ids
+        return body
+
+    def chunk(
+        self,
+        delta: str,
+        *,
+        finish: bool = False,
+        logprobs: dict[str, Any] | None = None,
+        token_ids: list[int] | None = None,
+    ) -> dict[str, Any]:
+        """One streamed chunk carrying `delta`; `finish` marks the last one with content."""
+        reason = self.finish_reason if finish else None
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": delta},
+            "finish_reason": reason,
+            "native_finish_reason": reason,
+            "logprobs": logprobs,
+        }
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        return {**self.header("chat.completion.chunk"), "choices": [choice]}
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {**self.header("chat.completion.chunk"), "choices": [], "usage": self.usage()}
+
+    def generation_record(self) -> dict[str, Any]:
+        """What `GET /generation?id=` answers, in its `data`."""
+        _, _, cost = self.costs()
+        elapsed_ms = (self.finished_s or 0.0) * 1000.0
+        return {
+            "id": self.id,
+            "upstream_id": self.id,
+            "total_cost": cost,
+            "usage": cost,
+            "cache_discount": None,
+            "upstream_inference_cost": None,
+            "created_at": datetime.fromtimestamp(self.created, UTC).isoformat(),
+            "model": self.model_id,
+            "provider_name": self.endpoint.public["provider_name"],
+            "app_id": None,
+            "streamed": self.streamed,
+            "cancelled": self.cancelled,
+            "latency": (self.first_token_s or 0.0) * 1000.0,
+            "moderation_latency": None,
+            "generation_time": elapsed_ms,
+            "finish_reason": self.finish_reason,
+            "native_finish_reason": self.finish_reason,
+            "tokens_prompt": self.prompt_tokens,
+            "tokens_completion": self.completion_tokens,
+            "native_tokens_prompt": self.prompt_tokens,
+            "native_tokens_completion": self.completion_tokens,
+            "native_tokens_completion_images": 0,
+            "native_tokens_reasoning": 0,
+            "native_tokens_cached": 0,
+            "num_media_prompt": 0,
+            "num_input_audio_prompt": 0,
+            "num_media_completion": 0,
+            "num_search_results": 0,
+            "num_fetches": 0,
+            "web_search_engine": None,
+            "origin": "",
+            "is_byok": False,
+            "external_user": None,
+            "api_type": "completions",
+            "preset_id": None,
+            "router": None,
+            "provider_responses": None,
+            "user_agent": None,
+            "http_referer": None,
+            "data_region": "global",
+            "workspace_id": None,
+            "service_tier": None,
+        }
+
+
+def logprobs_body(tokens: list[GeneratedToken], token_bytes: TokenBytes) -> dict[str, Any]:
+    """OpenAI's `logprobs` object: per answer token its text, UTF-8 bytes and alternatives."""
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        raw = token_bytes(token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "bytes": list(raw), "logprob": logprob}
+
+    content = [
+        {**entry(t.token_id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+        for t in tokens
+        if t.logprob is not None
+    ]
+    return {"content": content, "refusal": None}

@@ -1,0 +1,185 @@
+"""The table of provider endpoints the emulator pretends to route between.
+
+The default mimics what OpenRouter lists for a popular open model: one model served by several providers
+at different quantizations and prices, one of them down, some uptimes unknown. A `--config` file
+(YAML or JSON, `{"endpoints": [...]}`) replaces it to rehearse a particular situation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eaglepipe.emulator.errors import EmulatorError
+
+# What an endpoint may list in `supported_parameters`; a request parameter it lacks is silently ignored.
+FULL_PARAMETERS = [
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "tools",
+    "tool_choice",
+    "reasoning",
+    "include_reasoning",
+    "logprobs",
+    "top_logprobs",
+]
+
+# Prices in USD per million tokens (prompt, completion); served as USD per token, like OpenRouter.
+# fmt: off
+DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
+    {"provider_name": "Chutes", "tag": "chutes/int4", "quantization": "int4", "price_per_m": (0.40, 2.00)},
+    {"provider_name": "Chutes", "tag": "chutes/fp8", "quantization": "fp8", "price_per_m": (0.25, 1.10),
+     "status": -1, "uptime_last_30m": 41.0},
+    {"provider_name": "Moonshot AI", "tag": "moonshotai", "quantization": "int4", "price_per_m": (0.60, 2.50),
+     "uptime_last_5m": None, "latency_last_30m": {"p50": 0.21, "p75": 0.3, "p90": 0.44, "p99": 0.9}},
+    {"provider_name": "Novita", "tag": "novita", "quantization": "int4", "price_per_m": (0.20, 1.00),
+     "status": -2, "uptime_last_30m": 12.5},
+    {"provider_name": "DeepInfra", "tag": "deepinfra", "quantization": "bf16", "price_per_m": (0.50, 2.80)},
+    {"provider_name": "DeepInfra", "tag": "deepinfra/turbo", "quantization": "nvfp4",
+     "price_per_m": (0.30, 1.20)},
+    {"provider_name": "Fireworks", "tag": "fireworks", "quantization": "fp8", "price_per_m": (0.55, 2.75),
+     "bills_stop_token": False},
+    {"provider_name": "BaseTen", "tag": "baseten", "quantization": "fp4", "price_per_m": (0.45, 2.20),
+     "supported_parameters": ["max_tokens", "temperature", "top_p", "tools", "tool_choice"]},
+    {"provider_name": "Together", "tag": "together", "quantization": "mxfp8", "price_per_m": (0.50, 2.60)},
+    {"provider_name": "Parasail", "tag": "parasail", "quantization": "unknown", "price_per_m": (0.45, 2.40),
+     "uptime_last_1d": None, "throughput_last_30m": {"p50": 95.0, "p75": 80.0, "p90": 61.0, "p99": 20.0}},
+    {"provider_name": "AtlasCloud", "tag": "atlascloud", "quantization": None, "price_per_m": (0.42, 2.30)},
+]
+# fmt: on
+
+_EMULATOR_ONLY_KEYS = {"bills_stop_token"}
+_PUBLIC_KEYS = {
+    "name",
+    "model_id",
+    "model_name",
+    "context_length",
+    "pricing",
+    "provider_name",
+    "tag",
+    "quantization",
+    "max_completion_tokens",
+    "max_prompt_tokens",
+    "supported_parameters",
+    "status",
+    "uptime_last_30m",
+    "uptime_last_5m",
+    "uptime_last_1d",
+    "supports_implicit_caching",
+    "latency_last_30m",
+    "throughput_last_30m",
+}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One routable endpoint: the object `/endpoints` shows, plus how the emulator bills it."""
+
+    public: dict[str, Any]
+    bills_stop_token: bool = True
+
+    @property
+    def tag(self) -> str:
+        return self.public["tag"]
+
+    @property
+    def status(self) -> int:
+        return self.public["status"]
+
+    def price(self, kind: str) -> float:
+        """USD per token (or per request for `request`); 0 where the table names no price."""
+        return float(self.public["pricing"].get(kind, "0"))
+
+    def supports(self, parameter: str) -> bool:
+        return parameter in self.public["supported_parameters"]
+
+
+def _per_token(usd_per_million: float) -> str:
+    return format(Decimal(str(usd_per_million)) / Decimal(1_000_000), "f")
+
+
+def _price_string(value: Any, where: str) -> str:
+    try:
+        price = Decimal(str(value))
+    except InvalidOperation:
+        price = Decimal(-1)
+    if isinstance(value, bool) or not price.is_finite() or price < 0:
+        raise EmulatorError(f"{where}: price {value!r} is not a non-negative number of USD per token")
+    return format(price, "f")
+
+
+def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: str) -> Endpoint:
+    entry = dict(entry)
+    if "price_per_m" in entry:
+        prompt, completion = entry.pop("price_per_m")
+        entry["pricing"] = {"prompt": _per_token(prompt), "completion": _per_token(completion)}
+    unknown = sorted(set(entry) - _PUBLIC_KEYS - _EMULATOR_ONLY_KEYS)
+    if unknown:
+        raise EmulatorError(
+            f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_PUBLIC_KEYS))}, "
+            "bills_stop_token)"
+        )
+    for key in ("provider_name", "tag", "quantization", "pricing"):
+        if key not in entry:
+            raise EmulatorError(f"{where}: missing key {key!r}")
+    pricing = entry["pricing"]
+    if not isinstance(pricing, dict) or not {"prompt", "completion"} <= set(pricing):
+        raise EmulatorError(f"{where}: 'pricing' needs 'prompt' and 'completion' (USD per token)")
+    entry["pricing"] = {
+        kind: _price_string(value, f"{where}.pricing.{kind}") for kind, value in pricing.items()
+    }
+    bills_stop_token = entry.pop("bills_stop_token", True)
+    if not isinstance(bills_stop_token, bool):
+        raise EmulatorError(f"{where}: 'bills_stop_token' must be true or false")
+    public = {
+        "name": f"{entry['provider_name']} | {model_id}",
+        "model_id": model_id,
+        "model_name": model_id,
+        "context_length": context_length,
+        "max_completion_tokens": min(4096, context_length),
+        "max_prompt_tokens": None,
+        "supported_parameters": list(FULL_PARAMETERS),
+        "status": 0,
+        "uptime_last_30m": 99.6,
+        "uptime_last_5m": 100.0,
+        "uptime_last_1d": 99.2,
+        "supports_implicit_caching": False,
+        "latency_last_30m": {"p50": 0.42, "p75": 0.61, "p90": 0.95, "p99": 2.1},
+        "throughput_last_30m": {"p50": 48.0, "p75": 41.0, "p90": 30.5, "p99": 12.0},
+        **entry,
+    }
+    if not isinstance(public["status"], int) or public["status"] > 0:
+        raise EmulatorError(f"{where}: 'status' must be 0 (normal) or a negative integer (degraded/down)")
+    return Endpoint(public=public, bills_stop_token=bills_stop_token)
+
+
+def load_endpoints(config_path: Path | None, model_id: str, context_length: int) -> list[Endpoint]:
+    """The endpoint table: the default, or the `endpoints` list of a config file."""
+    if config_path is None:
+        entries, source = DEFAULT_ENDPOINTS, "default endpoint table"
+    else:
+        try:
+            config = yaml.safe_load(config_path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise EmulatorError(f"{config_path}: cannot read emulator config ({exc})") from None
+        if not isinstance(config, dict) or set(config) != {"endpoints"}:
+            raise EmulatorError(
+                f"{config_path}: expected one top-level key 'endpoints' (a list of endpoints)"
+            )
+        entries, source = config["endpoints"], str(config_path)
+        if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+            raise EmulatorError(f"{config_path}: 'endpoints' must be a non-empty list of objects")
+    endpoints = [
+        _expand(e, model_id, context_length, f"{source}: endpoints[{i}]") for i, e in enumerate(entries)
+    ]
+    tags = [e.tag for e in endpoints]
+    duplicated = sorted({t for t in tags if tags.count(t) > 1})
+    if duplicated:
+        raise EmulatorError(f"{source}: tag {duplicated[0]!r} appears twice; tags must be unique")
+    return endpoints

@@ -1,0 +1,105 @@
+"""Run the emulator as a child process for exactly as long as a `with` block.
+
+Tests and the pipeline's local run both need a server that is really listening (a real socket, real
+HTTP) and that never outlives them, even when they are interrupted or killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from eaglepipe.emulator.errors import EmulatorError
+
+_PR_SET_PDEATHSIG = 1
+_GRACE_S = 5.0
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel sends SIGTERM when the parent dies (Linux only)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the whole process group, SIGKILL if it is still there after a grace period."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # anything the server itself started
+
+
+def _tail(log_path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@contextlib.contextmanager
+def running_emulator(
+    model_dir: Path,
+    *,
+    extra_args: Sequence[str] = (),
+    log_path: Path | None = None,
+    startup_timeout_s: float = 120,
+) -> Iterator[str]:
+    """Yield the base URL (`http://127.0.0.1:PORT/api/v1`) of an emulator serving `model_dir`."""
+    with tempfile.TemporaryDirectory(prefix="eaglepipe-emulator-") as scratch:
+        port_file = Path(scratch) / "port"
+        log_path = log_path or Path(scratch) / "emulator.log"
+        command = [
+            sys.executable,
+            "-m",
+            "eaglepipe.emulator",
+            "--model-dir",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            *extra_args,
+        ]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        try:
+            deadline = time.monotonic() + startup_timeout_s
+            while not port_file.exists():
+                if process.poll() is not None:
+                    raise EmulatorError(
+                        f"emulator exited with status {process.returncode} during startup; "
+                        f"last lines of {log_path}:\n{_tail(log_path)}"
+                    )
+                if time.monotonic() > deadline:
+                    raise EmulatorError(
+                        f"emulator did not listen within {startup_timeout_s:g} s; last lines of "
+                        f"{log_path}:\n{_tail(log_path)}"
+                    )
+                time.sleep(0.05)
+            yield f"http://127.0.0.1:{int(port_file.read_text())}/api/v1"
+        finally:
+            _stop(process)

@@ -1,0 +1,60 @@
+"""Token ids to the text (and bytes) a provider sends back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+
+def decode(tokenizer: Any, ids: list[int]) -> str:
+    """Special tokens stay in the text, as providers return them, so the ids can be rebuilt from it."""
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+class StreamDecoder:
+    """Text deltas whose concatenation is `decode(all ids)`, at a cost per token that does not grow.
+
+    Each step decodes only the last few ids (the window since the previous delta). A token can end
+    inside a UTF-8 character; decoding then yields U+FFFD, so the delta waits for the character to end.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        return self._delta(final=False)
+
+    def flush(self) -> str:
+        return self._delta(final=True)
+
+    def _delta(self, final: bool) -> str:
+        before = decode(self.tokenizer, self.ids[self.prefix_offset : self.read_offset])
+        after = decode(self.tokenizer, self.ids[self.prefix_offset :])
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return after[len(before) :]
+
+
+class TokenBytes:
+    """The raw bytes of each token, as OpenAI-style logprobs report them (`bytes`).
+
+    Byte-level BPE vocabularies spell bytes as printable characters; other vocabularies fall back to
+    the UTF-8 of the decoded token.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+        self.special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
+
+    def __call__(self, token_id: int) -> bytes:
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if token_id in self.special or not all(char in self.byte_of for char in piece):
+            return decode(self.tokenizer, [token_id]).encode("utf-8")
+        return bytes(self.byte_of[char] for char in piece)
