@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,3 +19,13 @@ def model_dir() -> Path:
     if not (EMBEDDED_MODEL_DIR / "model.safetensors").is_file():
         convert_gguf(packaged_gguf(*EMBEDDED_GGUF), EMBEDDED_MODEL_DIR)
     return EMBEDDED_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def emulator_url(model_dir: Path) -> Iterator[str]:
+    """One emulator (default endpoint table, no key, no credit limit) for the whole session: loading the
+    model costs seconds, and tests read its stats as deltas, so sharing it is safe."""
+    from eaglepipe.emulator.runner import running_emulator
+
+    with running_emulator(model_dir) as base_url:
+        yield base_url

@@ -1,0 +1,1 @@
+"""The paid generation stage: routing policy, API key, request fingerprint, journal, async client."""

@@ -1,0 +1,37 @@
+"""Which journal records may be reused: those made by an identical request."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+FINGERPRINT_HEX_CHARS = 16
+
+
+def request_fingerprint(
+    model: str,
+    base_url: str,
+    provider_obj: dict[str, Any] | None,
+    sampling: dict[str, Any],
+    max_tokens: int,
+    reasoning: dict[str, Any] | None,
+) -> str:
+    """Everything that changes what a prompt's response may be, hashed so a changed config never reuses
+    old responses. 16 hex chars (64 bits) make a collision between the few configs one journal sees
+    negligible while staying short enough to read in every record and log line.
+
+    Unset sampling values (None) are dropped, as they are from the request body.
+    `base_url` names the server, not its current socket: pass the configured value (e.g. the emulator's
+    stable name), not a per-run port, or every run gets a new fingerprint and nothing resumes.
+    """
+    identity = {
+        "model": model,
+        "base_url": base_url.rstrip("/"),
+        "provider": provider_obj,
+        "sampling": {key: value for key, value in sampling.items() if value is not None},
+        "max_tokens": max_tokens,
+        "reasoning": reasoning,
+    }
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:FINGERPRINT_HEX_CHARS]

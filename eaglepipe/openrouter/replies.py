@@ -1,0 +1,194 @@
+"""Reading one chat completion, plain or streamed, into the fields a journal record keeps.
+
+Both paths give the same shape: `content` is a string ("" when none), `reasoning` a string or None,
+`tool_calls` a list in the OpenAI shape ([] when none). An HTTP 200 that carries an error, has no
+choices or never says why it finished is a failure, never a response.
+"""
+
+from __future__ import annotations
+
+import datetime
+import email.utils
+import json
+from typing import Any
+
+import httpx
+
+from eaglepipe.openrouter.errors import error_detail, one_line
+
+RETRYABLE_STATUSES = {408, 429}
+
+
+class RequestFailed(Exception):
+    """One attempt failed; `status` None means no HTTP answer (connection, timeout, broken body)."""
+
+    def __init__(self, status: int | None, detail: str, retry_after_s: float | None = None) -> None:
+        super().__init__(f"HTTP {status}: {detail}" if status is not None else detail)
+        self.status = status
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+    @property
+    def transient(self) -> bool:
+        return self.status is None or self.status in RETRYABLE_STATUSES or self.status >= 500
+
+
+async def read_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = await http.post("chat/completions", json=body)
+    if response.status_code != 200:
+        raise _http_failure(response)
+    try:
+        data = response.json()
+    except ValueError:
+        raise RequestFailed(None, "HTTP 200 whose body is not JSON") from None
+    if data.get("error"):
+        raise _error_in_body(data["error"])
+    choices = data.get("choices") or []
+    if not choices:
+        raise RequestFailed(None, "HTTP 200 with no choices")
+    choice = choices[0]
+    if choice.get("finish_reason") == "error":
+        raise _error_in_body(choice.get("error") or {})
+    message = choice.get("message") or {}
+    answer = {
+        "content": message.get("content") or "",
+        "reasoning": message.get("reasoning") or None,
+        "tool_calls": message.get("tool_calls") or [],
+        "finish_reason": choice.get("finish_reason"),
+    }
+    if choice.get("token_ids") is not None:
+        answer["token_ids"] = choice["token_ids"]
+    return _record_fields(answer, data.get("provider"), data.get("id"), data.get("usage"), response)
+
+
+async def read_streamed_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    async with http.stream("POST", "chat/completions", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            raise _http_failure(response)
+        stream = _StreamedAnswer()
+        async for line in response.aiter_lines():
+            # Blank lines separate events; ":" lines are keep-alive comments; only `data:` carries chunks.
+            if not line.startswith("data:"):
+                continue
+            payload = line[len("data:") :].strip()
+            if payload == "[DONE]":
+                break
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                raise RequestFailed(None, "stream sent a data line that is not JSON") from None
+            stream.add(chunk)
+        return _record_fields(stream.answer(), stream.provider, stream.generation_id, stream.usage, response)
+
+
+class _StreamedAnswer:
+    """Accumulates the deltas of choice 0; usage arrives in the last chunk, with empty choices."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.token_ids: list[int] | None = None
+        self.finish_reason: str | None = None
+        self.provider: str | None = None
+        self.generation_id: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("error"):
+            raise _error_in_body(chunk["error"])
+        self.generation_id = self.generation_id or chunk.get("id")
+        self.provider = self.provider or chunk.get("provider")
+        self.usage = chunk.get("usage") or self.usage
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason") == "error":
+                raise _error_in_body(choice.get("error") or {})
+            delta = choice.get("delta") or {}
+            self.content.append(delta.get("content") or "")
+            self.reasoning.append(delta.get("reasoning") or "")
+            for call in delta.get("tool_calls") or []:
+                self._add_tool_call(call)
+            if choice.get("token_ids") is not None:
+                self.token_ids = (self.token_ids or []) + list(choice["token_ids"])
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+
+    def _add_tool_call(self, fragment: dict[str, Any]) -> None:
+        """Id, type and name come once; the arguments string arrives in pieces."""
+        call = self.tool_calls.setdefault(
+            fragment.get("index", 0),
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        call["id"] = fragment.get("id") or call["id"]
+        call["type"] = fragment.get("type") or call["type"]
+        function = fragment.get("function") or {}
+        call["function"]["name"] = function.get("name") or call["function"]["name"]
+        call["function"]["arguments"] += function.get("arguments") or ""
+
+    def answer(self) -> dict[str, Any]:
+        answer = {
+            "content": "".join(self.content),
+            "reasoning": "".join(self.reasoning) or None,
+            "tool_calls": [self.tool_calls[index] for index in sorted(self.tool_calls)],
+            "finish_reason": self.finish_reason,
+        }
+        if self.token_ids is not None:
+            answer["token_ids"] = self.token_ids
+        return answer
+
+
+def _record_fields(
+    answer: dict[str, Any],
+    provider: str | None,
+    generation_id: str | None,
+    usage: dict[str, Any] | None,
+    response: httpx.Response,
+) -> dict[str, Any]:
+    if answer["finish_reason"] is None:
+        raise RequestFailed(None, "the answer ended without a finish_reason")
+    usage = usage or {}
+    details = usage.get("completion_tokens_details") or {}
+    return {
+        "response": answer,
+        "provider": provider,
+        "generation_id": generation_id or response.headers.get("x-generation-id"),
+        "usage": {
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "reasoning_tokens": details.get("reasoning_tokens") or 0,
+            "cost": usage.get("cost"),
+        },
+    }
+
+
+def _http_failure(response: httpx.Response) -> RequestFailed:
+    return RequestFailed(response.status_code, error_detail(response), _retry_after_s(response))
+
+
+def _error_in_body(error: dict[str, Any]) -> RequestFailed:
+    """An error inside an HTTP 200 keeps its own code, so a 402 mid-stream still stops the run."""
+    code = error.get("code")
+    status = code if isinstance(code, int) and not isinstance(code, bool) else None
+    return RequestFailed(status, f"error inside an HTTP 200: {one_line(str(error.get('message') or error))}")
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    """Seconds from the Retry-After header (seconds or an HTTP date), else the body's
+    `error.availability.retry_after`."""
+    header = response.headers.get("retry-after")
+    if header:
+        try:
+            return max(0.0, float(header))
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(header)
+            except (TypeError, ValueError):
+                return None
+            return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+    try:
+        seconds = response.json()["error"]["availability"]["retry_after"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return float(seconds) if isinstance(seconds, int | float) else None

@@ -1,0 +1,70 @@
+"""The synchronous entry point of the generate rule: a prompt set in, `responses.jsonl` out or one line
+saying how far it got. The journal is always saved first, so a failed job loses nothing paid for."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from eaglepipe.io import atomic_write, write_json
+from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
+from eaglepipe.openrouter.errors import OpenRouterError
+from eaglepipe.openrouter.journal import load_done
+from eaglepipe.openrouter.secrets import ApiKey
+
+# A set is complete when every prompt was answered or when its token budget was reached: only the
+# configured budgets end a set (raising one reruns the job, which resumes from the journal).
+COMPLETE = {"all_done", "token_budget"}
+# What to do about an unfinished set, by `ended_because`; anything else is resumed by a plain rerun.
+ADVICE = {"failures": "see the summary for why; rerun to retry them"}
+
+
+def read_prompt_set(path: Path) -> list[dict[str, Any]]:
+    """The prompts rule wrote this file, so a malformed line means a stale or hand-edited set."""
+    prompts = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                prompt = json.loads(line)
+            except ValueError:
+                raise OpenRouterError(f"{path} line {number} is not JSON: rebuild the prompt set") from None
+            if not isinstance(prompt, dict) or not isinstance(prompt.get("id"), str):
+                raise OpenRouterError(f"{path} line {number} has no string `id`: rebuild the prompt set")
+            if not isinstance(prompt.get("messages"), list) or not prompt["messages"]:
+                raise OpenRouterError(f"{path} prompt {prompt['id']} has no messages: rebuild the prompt set")
+            prompts.append(prompt)
+    return prompts
+
+
+def generate_responses(
+    prompts_path: Path,
+    out_path: Path,
+    summary_path: Path,
+    journal_dir: Path,
+    settings: GenerationSettings,
+    api_key: ApiKey | None,
+) -> GenerationSummary:
+    """Generate what the journal lacks, write the summary, then either write `responses.jsonl` (in prompt
+    order, atomically) or raise, leaving it unwritten so Snakemake sees the job failed."""
+    prompts = read_prompt_set(prompts_path)
+    run_set = functools.partial(
+        generate_set, prompts, settings=settings, api_key=api_key, journal_dir=journal_dir
+    )
+    summary = anyio.run(run_set)
+    write_json(summary_path, summary.to_json())
+    if summary.ended_because not in COMPLETE:
+        advice = ADVICE.get(summary.ended_because, "rerun to resume")
+        raise OpenRouterError(
+            f"{prompts_path}: {summary.done}/{summary.requested} prompts done, ${summary.dollars:.4f} spent, "
+            f"ended by {summary.ended_because} ({summary.message}): {advice}"
+        )
+    records = load_done(journal_dir, settings.fingerprint)
+    lines = [json.dumps(records[p["id"]], ensure_ascii=False) + "\n" for p in prompts if p["id"] in records]
+    atomic_write(out_path, lambda tmp: tmp.write_text("".join(lines), encoding="utf-8"))
+    return summary

@@ -1,0 +1,213 @@
+"""Failure handling against a scripted OpenRouter-shaped server on loopback: each prompt's text names a
+script, and its n-th attempt gets the script's n-th answer (the emulator serves only healthy answers)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
+from eaglepipe.openrouter.journal import load_done
+
+USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "cost": 0.001, "completion_tokens_details": {}}
+
+
+def ok(content: str = "fine") -> Response:
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+    return JSONResponse({"id": "gen-ok", "provider": "Fake", "choices": [choice], "usage": USAGE})
+
+
+def error(status: int, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse({"error": {"code": status, "message": f"scripted {status}"}}, status, headers)
+
+
+def sse(*events: dict[str, Any] | str) -> Response:
+    lines = [event if isinstance(event, str) else f"data: {json.dumps(event)}\n\n" for event in events]
+    return Response("".join(lines) + "data: [DONE]\n\n", media_type="text/event-stream")
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": "gen-s",
+        "provider": "Fake",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        **extra,
+    }
+
+
+SCRIPTS: dict[str, list[Response]] = {
+    "rate-limited": [error(429, {"Retry-After": "0.3"}), ok()],
+    "errors-inside-200": [
+        JSONResponse(
+            {
+                "id": "x",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"content": "partial"},
+                        "finish_reason": "error",
+                        "error": {"code": 502, "message": "provider died"},
+                    }
+                ],
+            }
+        ),
+        JSONResponse({"error": {"code": 503, "message": "overloaded"}}),
+        JSONResponse({"id": "x", "choices": [], "usage": USAGE}),
+        ok("kept"),
+    ],
+    "moderated": [error(403)],
+    "overloaded": [error(529), error(524), error(500)],
+    "no-endpoint": [error(404)],
+    "stream-tools": [
+        sse(
+            ": OPENROUTER PROCESSING\n\n",
+            chunk({"role": "assistant", "content": "Let me "}),
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "functions.f:0",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": '{"a": '},
+                        }
+                    ]
+                }
+            ),
+            ": OPENROUTER PROCESSING\n\n",
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}, finish="tool_calls"),
+            {"id": "gen-s", "choices": [], "usage": USAGE},
+        )
+    ],
+    "stream-error": [
+        sse(
+            chunk({"content": "half"}),
+            {
+                "id": "gen-s",
+                "error": {"code": 502, "message": "cut"},
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
+            },
+        ),
+        sse(chunk({"content": "whole"}, finish="stop"), {"id": "gen-s", "choices": [], "usage": USAGE}),
+    ],
+}
+
+
+class ScriptedServer:
+    def __init__(self) -> None:
+        self.attempt_times: dict[str, list[float]] = defaultdict(list)
+        app = Starlette(routes=[Route("/api/v1/chat/completions", self.complete, methods=["POST"])])
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    async def complete(self, request: Request) -> Response:
+        script = (await request.json())["messages"][0]["content"]
+        self.attempt_times[script].append(time.monotonic())
+        return SCRIPTS[script][len(self.attempt_times[script]) - 1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/api/v1"
+
+
+@pytest.fixture
+def scripted() -> Iterator[ScriptedServer]:
+    server = ScriptedServer()
+    server.thread.start()
+    while not server.server.started:
+        time.sleep(0.01)
+    yield server
+    server.server.should_exit = True
+    server.thread.join()
+
+
+def run(server: ScriptedServer, scripts: list[str], journal: Path, **changes: Any) -> GenerationSummary:
+    prompts = [{"id": name, "messages": [{"role": "user", "content": name}]} for name in scripts]
+    settings = GenerationSettings(
+        **{
+            "base_url": server.base_url,
+            "model": "m",
+            "fingerprint": "f",
+            "max_tokens": 4,
+            "concurrency": 1,
+            "max_attempts": 4,
+            "backoff_base_s": 0.01,
+            **changes,
+        }
+    )
+
+    async def generate() -> GenerationSummary:
+        return await generate_set(prompts, settings=settings, api_key=None, journal_dir=journal)
+
+    return anyio.run(generate)
+
+
+def test_transient_failures_retried_honouring_retry_after(scripted: ScriptedServer, tmp_path: Path) -> None:
+    summary = run(scripted, ["rate-limited", "errors-inside-200"], tmp_path)
+    assert summary.ended_because == "all_done" and summary.retries == 1 + 3
+    first, second = scripted.attempt_times["rate-limited"]
+    assert second - first >= 0.3
+    done = load_done(tmp_path, "f")
+    assert done["errors-inside-200"]["response"]["content"] == "kept"
+    assert [done[name]["attempts"] for name in ("rate-limited", "errors-inside-200")] == [2, 4]
+
+
+def test_permanent_and_exhausted_failures_are_recorded_not_kept(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    summary = run(scripted, ["moderated", "overloaded"], tmp_path, max_attempts=3)
+    assert (summary.failed_permanent, summary.failed_transient, summary.done) == (1, 1, 0)
+    assert summary.ended_because == "failures" and summary.message.startswith(
+        "1 prompt(s) failed transiently, first overloaded"
+    )
+    assert [(f["prompt_id"], f["status"], f["attempts"]) for f in summary.failures] == [
+        ("moderated", 403, 1),
+        ("overloaded", 500, 3),
+    ]
+    assert load_done(tmp_path, "f") == {}
+
+
+def test_no_endpoint_stops_new_requests(scripted: ScriptedServer, tmp_path: Path) -> None:
+    summary = run(scripted, ["no-endpoint", "rate-limited"], tmp_path)
+    assert summary.ended_because == "no_endpoint" and "relax `routing`" in summary.message
+    assert "rate-limited" not in scripted.attempt_times
+
+
+def test_stream_skips_comments_merges_tool_calls_and_rejects_error_chunks(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    summary = run(scripted, ["stream-tools", "stream-error"], tmp_path, stream=True)
+    assert summary.ended_because == "all_done"
+    done = load_done(tmp_path, "f")
+    tools = done["stream-tools"]
+    assert tools["response"] == {
+        "content": "Let me ",
+        "reasoning": None,
+        "tool_calls": [
+            {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+        ],
+        "finish_reason": "tool_calls",
+    }
+    assert tools["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 2,
+        "reasoning_tokens": 0,
+        "cost": 0.001,
+    }
+    assert done["stream-error"]["response"]["content"] == "whole" and done["stream-error"]["attempts"] == 2
