@@ -55,7 +55,8 @@ def test_states_match_a_single_unbatched_forward(tmp_path, model_dir, token_file
     assert manifest["aux_layer_ids"] == [1, 14, 26] and manifest["hidden_size"] == 576
     assert manifest["layer_convention"] == "output" and manifest["final_norm"] == "after"
     model, _ = load_target(model_dir)
-    first = load_file(str(tmp_path / "hidden" / manifest["shards"][0]["path"]))
+    assert manifest["shards"][0]["path"] == "hidden/shard-00000.safetensors"
+    first = load_file(str(tmp_path / manifest["shards"][0]["path"]))
     with torch.no_grad():
         alone = model(torch.tensor([rows[1]]), output_hidden_states=True).hidden_states
         logits = model(torch.tensor([rows[1]])).logits

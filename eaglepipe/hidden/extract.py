@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,7 +168,7 @@ def extract_hidden(
         else:
             model = model or load_target(target_dir, dtype=dtype, device=device)[0]
             _write_shard(model, tokens, plan, path, key, layers, prompt_ids, batch_tokens, storage_dtype)
-        entries.append(_entry(path, plan, offsets))
+        entries.append(_entry(path, plan, offsets, relative_to=Path(manifest_path).parent))
     manifest = {
         "shards": entries,
         "prompt_ids": prompt_ids,
@@ -224,9 +225,9 @@ def _write_shard(
     log.info("%s: %d samples, %d tokens", path, plan.last - plan.first, end - start)
 
 
-def _entry(path: Path, plan: ShardPlan, offsets: list[int]) -> dict[str, Any]:
+def _entry(path: Path, plan: ShardPlan, offsets: list[int], relative_to: Path) -> dict[str, Any]:
     return {
-        "path": path.name,
+        "path": os.path.relpath(path, relative_to),  # relative, so a results folder can be moved
         "sha256": file_sha256(path),
         "num_samples": plan.last - plan.first,
         "num_tokens": offsets[plan.last] - offsets[plan.first],

@@ -43,7 +43,9 @@ def api_connection(
 
     with running_emulator(
         Path(config["target"]["path"]),
-        extra_args=["--model-id", api["model"], "--threads", str(threads)],
+        # One batch can hold every request in flight, as a real provider's engine would.
+        extra_args=["--model-id", api["model"], "--threads", str(threads),
+                    "--max-batch", str(config["generation"]["concurrency"])],
         log_path=emulator_log,
     ) as base_url:
         yield base_url, None

@@ -1,0 +1,5 @@
+"""The EAGLE-3 drafter: model, draft vocabulary, training data, training, export and evaluation."""
+
+
+class DrafterError(ValueError):
+    """Bad input a user can fix: the message names the file, key or prompt and what to do."""

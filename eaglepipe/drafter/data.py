@@ -1,0 +1,173 @@
+"""Training samples from the hidden-state shards, checked against the `hidden.done` manifests.
+
+Opening a set reads every shard once (checksum, shapes, token counts) but keeps only an index; tensors
+are read per batch from the memory-mapped files, so a set larger than memory trains the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from eaglepipe.drafter import DrafterError
+from eaglepipe.hidden.extract import file_sha256
+
+SHARD_TENSORS = ("aux", "final", "input_ids", "loss_mask", "offsets")
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    prompt_id: str
+    shard: Path
+    start: int
+    stop: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class Sample:
+    prompt_id: str
+    aux: Tensor  # [T, 3H], the shard's dtype
+    final: Tensor  # [T, H], after the target's final norm
+    input_ids: Tensor  # int64 [T]
+    loss_mask: Tensor  # bool [T], True on completion tokens
+
+
+@dataclass
+class HiddenData:
+    samples: list[SampleRef]
+    held_out: list[str]  # held-out prompt ids that had hidden states, in data order
+    aux_layer_ids: list[int]
+    hidden_size: int
+    token_counts: Tensor  # int64 [max id + 1]: completion tokens of the kept samples, by target id
+
+
+def open_hidden_data(manifests: list[Path], *, holdout_ids: set[str]) -> HiddenData:
+    """Index the kept samples of every manifest; any mismatch names the file and the stage to rerun."""
+    samples: list[SampleRef] = []
+    held_out: list[str] = []
+    counts = torch.zeros(0, dtype=torch.long)
+    layout: tuple[list[int], int] | None = None
+    for manifest_path in manifests:
+        manifest = _read_manifest(manifest_path)
+        this_layout = (manifest["aux_layer_ids"], manifest["hidden_size"])
+        if layout is not None and this_layout != layout:
+            raise DrafterError(
+                f"{manifest_path}: aux_layer_ids/hidden_size {this_layout} differ from "
+                f"{manifests[0]} {layout}: extract every set with the same target and layers"
+            )
+        layout = this_layout
+        listed: list[str] = []
+        for entry in manifest["shards"]:
+            shard = manifest_path.parent / entry["path"]
+            prompt_ids, offsets, input_ids, loss_mask = _check_shard(manifest_path, manifest, entry, shard)
+            listed += prompt_ids
+            for i, prompt_id in enumerate(prompt_ids):
+                start, stop = int(offsets[i]), int(offsets[i + 1])
+                if prompt_id in holdout_ids:
+                    held_out.append(prompt_id)
+                    continue
+                samples.append(SampleRef(prompt_id, shard, start, stop))
+                counts = _add_counts(counts, torch.bincount(input_ids[start:stop][loss_mask[start:stop]]))
+        if listed != list(manifest["prompt_ids"]):
+            raise DrafterError(f"{manifest_path}: prompt_ids differ from its shards': rerun the hidden stage")
+    if layout is None:
+        raise DrafterError("no hidden-state manifests given: list at least one hidden.done")
+    return HiddenData(samples, held_out, list(layout[0]), layout[1], counts)
+
+
+def load_samples(refs: list[SampleRef]) -> list[Sample]:
+    """Read the samples' slices, in the order given."""
+    by_shard: dict[Path, list[int]] = defaultdict(list)
+    for i, ref in enumerate(refs):
+        by_shard[ref.shard].append(i)
+    loaded: list[Sample | None] = [None] * len(refs)
+    for shard, indices in by_shard.items():
+        with safe_open(str(shard), framework="pt") as tensors:
+            slices = {name: tensors.get_slice(name) for name in ("aux", "final", "input_ids", "loss_mask")}
+            for i in indices:
+                ref = refs[i]
+                loaded[i] = Sample(
+                    prompt_id=ref.prompt_id,
+                    aux=slices["aux"][ref.start : ref.stop],
+                    final=slices["final"][ref.start : ref.stop],
+                    input_ids=slices["input_ids"][ref.start : ref.stop].long(),
+                    loss_mask=slices["loss_mask"][ref.start : ref.stop].bool(),
+                )
+    return loaded  # type: ignore[return-value]
+
+
+def _add_counts(total: Tensor, more: Tensor) -> Tensor:
+    if more.numel() > total.numel():
+        total = torch.cat((total, total.new_zeros(more.numel() - total.numel())))
+    total[: more.numel()] += more
+    return total
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise DrafterError(f"{path}: cannot read the manifest ({err}): rerun the hidden stage") from None
+    for key in ("shards", "prompt_ids", "aux_layer_ids", "hidden_size"):
+        if key not in manifest:
+            raise DrafterError(f"{path}: manifest lacks {key!r}: rerun the hidden stage")
+    for key, expected in (("layer_convention", "output"), ("final_norm", "after")):
+        if manifest.get(key) != expected:
+            raise DrafterError(f"{path}: {key} is {manifest.get(key)!r}, training expects {expected!r}")
+    return manifest
+
+
+def _check_shard(
+    manifest_path: Path, manifest: dict[str, Any], entry: dict[str, Any], shard: Path
+) -> tuple[list[str], Tensor, Tensor, Tensor]:
+    """(prompt ids, offsets, input_ids, loss_mask) of a shard that matches its manifest entry."""
+    if not shard.is_file():
+        raise DrafterError(f"{manifest_path}: shard {shard} is missing: rerun the hidden stage")
+    if file_sha256(shard) != entry["sha256"]:
+        raise DrafterError(f"{shard}: sha256 differs from {manifest_path}: rerun the hidden stage")
+    width = manifest["hidden_size"]
+    with safe_open(str(shard), framework="pt") as tensors:
+        available = set(tensors.keys())
+        missing = [name for name in SHARD_TENSORS if name not in available]
+        if missing:
+            raise DrafterError(f"{shard}: lacks tensors {missing}: rerun the hidden stage")
+        metadata = tensors.metadata() or {}
+        shapes = {name: tensors.get_slice(name).get_shape() for name in SHARD_TENSORS}
+        offsets = tensors.get_tensor("offsets").long()
+        input_ids = tensors.get_tensor("input_ids").long()
+        loss_mask = tensors.get_tensor("loss_mask").bool()
+    prompt_ids = json.loads(metadata.get("prompt_ids", "null")) or []
+    tokens = entry["num_tokens"]
+    expected = {
+        "aux": [tokens, 3 * width],
+        "final": [tokens, width],
+        "input_ids": [tokens],
+        "loss_mask": [tokens],
+        "offsets": [entry["num_samples"] + 1],
+    }
+    consistent = (
+        all(list(shape) == expected[name] for name, shape in shapes.items())
+        and int(offsets[0]) == 0
+        and int(offsets[-1]) == tokens
+        and bool((offsets.diff() >= 0).all())
+        and len(prompt_ids) == entry["num_samples"]
+    )
+    if not consistent:
+        raise DrafterError(
+            f"{shard}: tensors {shapes}, offsets or prompt_ids disagree with {manifest_path} "
+            f"({entry['num_samples']} samples, {tokens} tokens, hidden {width}): rerun it"
+        )
+    if json.loads(metadata.get("aux_layer_ids", "null")) != manifest["aux_layer_ids"]:
+        raise DrafterError(f"{shard}: aux_layer_ids differ from {manifest_path}: rerun the hidden stage")
+    return prompt_ids, offsets, input_ids, loss_mask

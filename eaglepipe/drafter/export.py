@@ -1,0 +1,202 @@
+"""The checkpoint SGLang and vLLM load as an EAGLE-3 draft model, and a loader that reads it SGLang's way.
+
+`load_exported` does not reuse the training module's parameter names: like SGLang's `LlamaForCausalLMEagle3`
+it stacks q/k/v into `qkv_proj` and gate/up into `gate_up_proj` and computes with the fused layout, so a
+round trip that reproduces the logits shows the served layout computes what was trained.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from eaglepipe.drafter import DrafterError
+from eaglepipe.drafter.frozen import load_target_embeddings
+from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter, self_attention
+from eaglepipe.io import atomic_write, write_json
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+NOT_EXPORTED = ("embed_tokens.weight",)  # the server takes the target's embedding
+# SGLang's stacked_params_mapping for Llama: (fused parameter, checkpoint piece, shard id)
+STACKED_PARAMS = (
+    ("qkv_proj", "q_proj", "q"),
+    ("qkv_proj", "k_proj", "k"),
+    ("qkv_proj", "v_proj", "v"),
+    ("gate_up_proj", "gate_proj", 0),
+    ("gate_up_proj", "up_proj", 1),
+)
+
+
+def config_json(config: Eagle3Config) -> dict[str, Any]:
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "tie_word_embeddings": False,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        },
+        "torch_dtype": config.torch_dtype,
+    }
+
+
+def export_drafter(model: Eagle3Drafter, out_dir: Path) -> None:
+    """Write `config.json` and `model.safetensors` (floats in `config.torch_dtype`), each atomically."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = getattr(torch, model.config.torch_dtype)
+    tensors = {
+        name: (t.to(dtype) if t.is_floating_point() else t).detach().cpu().contiguous()
+        for name, t in model.state_dict().items()
+        if name not in NOT_EXPORTED
+    }
+    metadata = {"format": "pt"}
+    atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    write_json(out_dir / "config.json", config_json(model.config))
+
+
+def load_exported(drafter_dir: Path, target_dir: Path, *, dtype: str = "float32") -> Eagle3Drafter:
+    """The drafter as SGLang builds it from the files: fused layout, embedding from the target."""
+    drafter_dir = Path(drafter_dir)
+    config = _config_from_json(drafter_dir / "config.json")
+    embed, _ = load_target_embeddings(target_dir)
+    drafter = Eagle3Drafter(config, embed)
+    drafter.midlayer.self_attn = FusedAttention(config)
+    drafter.midlayer.mlp = FusedMLP(config)
+    drafter.to(getattr(torch, dtype))
+    params = {name: p for name, p in drafter.named_parameters() if name not in NOT_EXPORTED}
+    loaded: dict[str, set[Any]] = {name: set() for name in params}
+    d2t: Tensor | None = None
+    weights = drafter_dir / "model.safetensors"
+    with safe_open(str(weights), framework="pt") as tensors:
+        names = tensors.keys()  # a safetensors handle is not iterable
+        for name in names:
+            tensor = tensors.get_tensor(name)
+            if name == "d2t":
+                d2t = tensor
+            elif name != "t2d":  # SGLang ignores t2d; it is rebuilt from d2t below
+                _load_weight(drafter, params, loaded, weights, name, tensor)
+    incomplete = [name for name, shards in loaded.items() if shards != _expected_shards(name)]
+    if incomplete or d2t is None:
+        raise DrafterError(
+            f"{weights}: missing weights {incomplete + ([] if d2t is not None else ['d2t'])}: "
+            "re-export the drafter"
+        )
+    hot_token_id = d2t + torch.arange(config.draft_vocab_size)
+    t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+    t2d[hot_token_id] = True
+    drafter.set_draft_vocab(d2t, t2d)
+    return drafter.eval()
+
+
+class FusedAttention(nn.Module):
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        q_size = config.num_attention_heads * config.head_dim
+        kv_size = config.num_key_value_heads * config.head_dim
+        self.head_dim = config.head_dim
+        self.sizes = [q_size, kv_size, kv_size]
+        self.shard_rows = {
+            "q": slice(0, q_size),
+            "k": slice(q_size, q_size + kv_size),
+            "v": slice(q_size + kv_size, q_size + 2 * kv_size),
+        }
+        self.qkv_proj = nn.Linear(2 * config.hidden_size, q_size + 2 * kv_size, bias=False)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: DraftCache, context_step: bool) -> Tensor:
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        return self.o_proj(self_attention(q, k, v, cos, sin, cache, context_step, self.head_dim))
+
+
+class FusedMLP(nn.Module):
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        self.shard_rows = {0: slice(0, size), 1: slice(size, 2 * size)}
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * size, bias=False)
+        self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+def _load_weight(
+    drafter: Eagle3Drafter,
+    params: dict[str, nn.Parameter],
+    loaded: dict[str, set[Any]],
+    weights: Path,
+    name: str,
+    tensor: Tensor,
+) -> None:
+    """Copy one checkpoint tensor into its (possibly fused) parameter, the way SGLang's loader does."""
+    for fused, piece, shard in STACKED_PARAMS:
+        if f".{piece}." in name:
+            target = name.replace(f".{piece}.", f".{fused}.")
+            rows = drafter.get_submodule(target.rsplit(".", 2)[0]).shard_rows[shard]
+            break
+    else:
+        target, shard, rows = name, None, slice(None)
+    param = params.get(target)
+    if param is None or shard in loaded[target] or param.data[rows].shape != tensor.shape:
+        raise DrafterError(f"{weights}: unexpected tensor {name} {tuple(tensor.shape)}: re-export it")
+    param.data[rows].copy_(tensor)
+    loaded[target].add(shard)
+
+
+def _expected_shards(param_name: str) -> set[Any]:
+    shards = {shard for fused, _, shard in STACKED_PARAMS if f".{fused}." in param_name}
+    return shards or {None}
+
+
+def _config_from_json(path: Path) -> Eagle3Config:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise DrafterError(f"{path}: cannot read the drafter config ({err}): export a drafter") from None
+    if raw.get("architectures") != [ARCHITECTURE] or raw.get("num_hidden_layers") != 1:
+        raise DrafterError(f"{path}: not a one-layer {ARCHITECTURE} config: export it with eaglepipe")
+    try:
+        return Eagle3Config(
+            **{
+                key: raw[key]
+                for key in (
+                    "hidden_size",
+                    "intermediate_size",
+                    "num_attention_heads",
+                    "num_key_value_heads",
+                    "head_dim",
+                    "rms_norm_eps",
+                    "rope_theta",
+                    "max_position_embeddings",
+                    "vocab_size",
+                    "draft_vocab_size",
+                    "target_hidden_size",
+                    "torch_dtype",
+                )
+            },
+            aux_layer_ids=tuple(raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+        )
+    except KeyError as err:
+        raise DrafterError(f"{path}: lacks key {err}: re-export the drafter") from None

@@ -1,0 +1,319 @@
+"""Training the drafter with EAGLE-3's training-time test (TTT), then exporting it.
+
+Alignment (docs/drafter.md): the target's state at position t produced token t+1. Draft row t consumes
+(aux[t], token t+1) and learns the target's distribution at t+1, i.e. predicts token t+2. Unroll step i
+feeds the row its own previous next_h with token t+1+i and learns the target's distribution at t+1+i.
+A row counts at step i when tokens t+1 .. t+2+i are all completion tokens (a chain inside one answer,
+as at serving time) and the target's top token at t+1+i is in the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from eaglepipe.drafter import DrafterError
+from eaglepipe.drafter.data import Sample, SampleRef, load_samples, open_hidden_data
+from eaglepipe.drafter.export import export_drafter
+from eaglepipe.drafter.frozen import load_target_embeddings, read_target_config
+from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
+from eaglepipe.drafter.vocab import build_draft_vocab
+from eaglepipe.hidden.extract import file_sha256
+
+STEP_WEIGHT = 0.8  # loss weight of unroll step i is STEP_WEIGHT ** i
+LOSS_CURVE_POINTS = 20
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    draft_vocab_size: int = 32000  # capped at the target vocabulary
+    ttt_length: int = 7
+    lr: float = 1e-4
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_tokens: int = 4096  # padded tokens per batch
+    max_seq_len: int = 2048  # longer samples are cut
+    warmup_ratio: float = 0.05
+    grad_clip: float = 0.5
+    seed: int = 0
+    dtype: str = "float32"  # "bfloat16" on GPU: autocast over float32 master weights
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        positive = ("draft_vocab_size", "ttt_length", "epochs", "batch_tokens", "max_seq_len")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise DrafterError(f"training setting {name} is {getattr(self, name)}: it must be at least 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise DrafterError(f"training setting max_steps is {self.max_steps}: use null or at least 1")
+        if not (self.lr > 0 and 0 <= self.warmup_ratio < 1 and self.grad_clip > 0):
+            raise DrafterError("training settings need lr > 0, 0 <= warmup_ratio < 1 and grad_clip > 0")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise DrafterError(f"training setting dtype {self.dtype!r}: use float32, bfloat16 or float16")
+
+
+@dataclass
+class Batch:
+    aux: Tensor  # [B, L, 3H] float32
+    final: Tensor  # [B, L, H] float32
+    input_ids: Tensor  # [B, L]
+    loss_mask: Tensor  # [B, L] bool, False on padding
+    num_tokens: int
+    key: int | None = None  # the same samples always get the same key (the batch's index)
+
+
+def train_drafter(
+    manifests: list[Path], target_dir: Path, out_dir: Path, *, holdout_ids: set[str], settings: TrainSettings
+) -> dict[str, Any]:
+    """Train on every sample not held out and export to `out_dir`; return the report (train.json)."""
+    started = time.perf_counter()
+    data = open_hidden_data(manifests, holdout_ids=holdout_ids)
+    if not data.samples:
+        raise DrafterError(
+            f"no training samples in {[str(m) for m in manifests]} after holding out "
+            f"{len(data.held_out)}: generate more or hold out fewer"
+        )
+    config = Eagle3Config.from_target(
+        read_target_config(target_dir), settings.draft_vocab_size, data.aux_layer_ids, settings.dtype
+    )
+    if data.hidden_size != config.target_hidden_size:
+        raise DrafterError(
+            f"hidden states have width {data.hidden_size}, the target {target_dir} has "
+            f"{config.target_hidden_size}: extract them with this target"
+        )
+    device = torch.device(settings.device)
+    torch.manual_seed(settings.seed)
+    embed, lm_head = load_target_embeddings(target_dir)
+    drafter = Eagle3Drafter(config, embed.float())
+    drafter.set_draft_vocab(*build_draft_vocab(data.token_counts, config.draft_vocab_size, config.vocab_size))
+    drafter.to(device).train()
+    draft_ids = torch.arange(config.draft_vocab_size, device=device)
+    teacher = Teacher(lm_head.to(device, torch.float32), drafter.draft_to_target(draft_ids))
+
+    batches = make_batches(data.samples, settings.batch_tokens, settings.max_seq_len)
+    fit_started = time.perf_counter()
+    progress = _fit(drafter, teacher, batches, settings)
+    fit_seconds = time.perf_counter() - fit_started
+    export_drafter(drafter.cpu(), out_dir)
+    correct, counted = (torch.stack(column).sum(0) for column in zip(*progress.window, strict=True))
+    losses = progress.losses
+    report = {
+        "steps": len(losses),
+        "epochs": round(len(losses) / len(batches), 3),
+        "tokens_seen": progress.tokens_seen,
+        "tokens_per_second": round(progress.tokens_seen / fit_seconds, 1),
+        "loss_curve": [{"step": s + 1, "loss": round(losses[s], 4)} for s in _curve_points(len(losses))],
+        "ttt_accuracy": [
+            round(c / n, 4) if n else None for c, n in zip(correct.tolist(), counted.tolist(), strict=True)
+        ],
+        "ttt_accuracy_window_steps": len(progress.window),
+        "train_samples": len(data.samples),
+        "train_tokens": sum(ref.num_tokens for ref in data.samples),
+        "held_out_prompt_ids": sorted(holdout_ids),
+        "held_out_with_hidden_states": len(data.held_out),
+        "data": [{"manifest": str(m), "sha256": file_sha256(Path(m))} for m in manifests],
+        "draft_vocab_size": config.draft_vocab_size,
+        "aux_layer_ids": list(config.aux_layer_ids),
+        "settings": dataclasses.asdict(settings),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    return report
+
+
+@dataclass
+class Progress:
+    losses: list[float]
+    window: deque[tuple[Tensor, Tensor]]  # (correct, counted) per step, over the last epoch's worth of steps
+    tokens_seen: int = 0
+
+
+def _fit(
+    drafter: Eagle3Drafter, teacher: Teacher, batches: list[list[SampleRef]], settings: TrainSettings
+) -> Progress:
+    total_steps = len(batches) * settings.epochs
+    if settings.max_steps is not None:
+        total_steps = min(total_steps, settings.max_steps)
+    device = torch.device(settings.device)
+    optimizer = torch.optim.AdamW(
+        [p for p in drafter.parameters() if p.requires_grad],
+        lr=settings.lr,
+        betas=(0.9, 0.95),
+        weight_decay=0.0,
+    )
+    schedule = warmup_cosine(total_steps, settings.warmup_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    order = torch.Generator().manual_seed(settings.seed)
+    autocast = torch.autocast(
+        device.type, dtype=getattr(torch, settings.dtype), enabled=settings.dtype != "float32"
+    )
+    progress = Progress(losses=[], window=deque(maxlen=len(batches)))
+    while len(progress.losses) < total_steps:
+        for index in torch.randperm(len(batches), generator=order).tolist():
+            batch = collate(load_samples(batches[index]), device, key=index)
+            with autocast:
+                loss, correct, counted = ttt_loss(drafter, teacher, batch, settings.ttt_length)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), settings.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            progress.losses.append(loss.item())
+            progress.window.append((correct, counted))
+            progress.tokens_seen += batch.num_tokens
+            if len(progress.losses) == total_steps:
+                break
+    return progress
+
+
+class Teacher:
+    """The frozen target lm_head split into draft-vocabulary rows and the rest.
+
+    The draft rows give the target distribution restricted to the draft vocabulary; the rest only has to
+    say whether the target's top token falls outside it, so no full-vocabulary softmax is ever formed.
+    That answer is kept per batch key: later epochs skip the larger half of the product.
+    """
+
+    def __init__(self, lm_head: Tensor, draft_target_ids: Tensor) -> None:
+        """`draft_target_ids[i]`: the target id of draft id i."""
+        outside = torch.ones(len(lm_head), dtype=torch.bool, device=lm_head.device)
+        outside[draft_target_ids] = False
+        self.draft_rows = lm_head[draft_target_ids]
+        self.other_rows = lm_head[outside]
+        self.in_draft_by_key: dict[int, Tensor] = {}
+
+    @torch.no_grad()
+    def targets(self, final: Tensor, loss_mask: Tensor, key: int | None = None) -> tuple[Tensor, Tensor]:
+        """(probs [N, draft vocab], row [B, L]: index into probs, -1 where position p is not a target).
+
+        Position p is a target when tokens p and p+1 are completion tokens and the target's top token
+        at p is in the draft vocabulary.
+        """
+        supervised = loss_mask & shift_left(loss_mask, 1, False)
+        states = final[supervised].float()
+        draft_logits = states @ self.draft_rows.T
+        in_draft = self.in_draft_by_key.get(key)
+        if in_draft is None:
+            in_draft = self._top_token_in_draft(states, draft_logits)
+            if key is not None:
+                self.in_draft_by_key[key] = in_draft
+        row = torch.full(loss_mask.shape, -1, dtype=torch.long, device=loss_mask.device)
+        positions = supervised.nonzero()[in_draft]
+        row[positions[:, 0], positions[:, 1]] = torch.arange(len(positions), device=row.device)
+        return draft_logits[in_draft].softmax(-1), row
+
+    def _top_token_in_draft(self, states: Tensor, draft_logits: Tensor) -> Tensor:
+        if not len(self.other_rows):
+            return torch.ones(len(states), dtype=torch.bool, device=states.device)
+        other_best = torch.cat([(chunk @ self.other_rows.T).amax(-1) for chunk in states.split(1024)])
+        return draft_logits.amax(-1) > other_best
+
+
+def ttt_loss(
+    drafter: Eagle3Drafter, teacher: Teacher, batch: Batch, ttt_length: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(weighted loss, correct top-1 per step, counted rows per step) of one unrolled batch."""
+    probs, target_row = teacher.targets(batch.final, batch.loss_mask, batch.key)
+    chain_ok = shift_left(batch.loss_mask, 1, False)  # the chain starts on a completion token
+    cache = DraftCache()
+    hidden = batch.aux
+    loss = batch.aux.new_zeros(())
+    correct, counted = [], []
+    for step in range(ttt_length):
+        chain_ok = chain_ok & shift_left(batch.loss_mask, 2 + step, False)
+        hidden = drafter.step(shift_left(batch.input_ids, 1 + step, 0), hidden, cache)
+        rows = shift_left(target_row, 1 + step, -1)
+        counts = chain_ok & (rows >= 0)
+        logits = drafter.logits(hidden[counts]).float()
+        loss = loss + STEP_WEIGHT**step * SoftCrossEntropy.apply(logits, probs, rows[counts])
+        correct.append((logits.argmax(-1) == probs[rows[counts]].argmax(-1)).sum())
+        counted.append(counts.sum())
+    return loss, torch.stack(correct).cpu(), torch.stack(counted).cpu()
+
+
+class SoftCrossEntropy(torch.autograd.Function):
+    """Mean over rows of -sum(p * log_softmax(logits)), with p = probs[rows].
+
+    Backward keeps only the logits: the plain expression would also keep the log-softmax and a gathered
+    copy of p for every unroll step, which at a 32k draft vocabulary is most of the training memory.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, probs: Tensor, rows: Tensor) -> Tensor:
+        ctx.save_for_backward(logits, probs, rows)
+        return -(probs[rows] * logits.log_softmax(-1)).sum() / max(len(rows), 1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        logits, probs, rows = ctx.saved_tensors
+        return (logits.softmax(-1) - probs[rows]) * (grad / max(len(rows), 1)), None, None
+
+
+def make_batches(samples: list[SampleRef], batch_tokens: int, max_seq_len: int) -> list[list[SampleRef]]:
+    """Samples of similar length together, so padding stays small; each batch pads to <= batch_tokens."""
+    cut = sorted(
+        (dataclasses.replace(s, stop=min(s.stop, s.start + max_seq_len)) for s in samples),
+        key=lambda s: (-s.num_tokens, s.prompt_id),
+    )
+    batches: list[list[SampleRef]] = []
+    for sample in cut:  # longest first, so the first sample of a batch sets its padded length
+        if batches and (len(batches[-1]) + 1) * batches[-1][0].num_tokens <= batch_tokens:
+            batches[-1].append(sample)
+        else:
+            batches.append([sample])
+    return batches
+
+
+def collate(samples: list[Sample], device: torch.device, key: int | None = None) -> Batch:
+    length = max(len(s.input_ids) for s in samples)
+    first = samples[0]
+    aux = torch.zeros(len(samples), length, first.aux.shape[-1])
+    final = torch.zeros(len(samples), length, first.final.shape[-1])
+    input_ids = torch.zeros(len(samples), length, dtype=torch.long)
+    loss_mask = torch.zeros(len(samples), length, dtype=torch.bool)
+    for i, sample in enumerate(samples):
+        n = len(sample.input_ids)
+        aux[i, :n], final[i, :n] = sample.aux, sample.final
+        input_ids[i, :n], loss_mask[i, :n] = sample.input_ids, sample.loss_mask
+    return Batch(
+        aux.to(device),
+        final.to(device),
+        input_ids.to(device),
+        loss_mask.to(device),
+        sum(len(s.input_ids) for s in samples),
+        key,
+    )
+
+
+def shift_left(x: Tensor, by: int, fill: float | int | bool) -> Tensor:
+    """x[:, t + by] at column t, `fill` past the end."""
+    out = torch.full_like(x, fill)
+    if by < x.shape[1]:
+        out[:, : x.shape[1] - by] = x[:, by:]
+    return out
+
+
+def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
+    """LambdaLR factor: linear warm-up to the full rate, then cosine decay to zero at the last step."""
+    warmup = math.ceil(total_steps * warmup_ratio)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
+
+    return factor
+
+
+def _curve_points(num_steps: int) -> list[int]:
+    if num_steps <= LOSS_CURVE_POINTS:
+        return list(range(num_steps))
+    return sorted({round(i * (num_steps - 1) / (LOSS_CURVE_POINTS - 1)) for i in range(LOSS_CURVE_POINTS)})

@@ -1,0 +1,430 @@
+"""The EAGLE-3 drafter on the real embedded target: vocabulary, forward, data, training, export, eval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoConfig
+
+from eaglepipe.drafter import DrafterError
+from eaglepipe.drafter.data import load_samples, open_hidden_data
+from eaglepipe.drafter.evaluate import (
+    EagleProposer,
+    PromptLookupProposer,
+    evaluate,
+    speculative_generate,
+    untrained_like,
+)
+from eaglepipe.drafter.export import config_json, export_drafter, load_exported
+from eaglepipe.drafter.frozen import load_target_embeddings, read_target_config
+from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
+from eaglepipe.drafter.train import (
+    SoftCrossEntropy,
+    Teacher,
+    TrainSettings,
+    collate,
+    shift_left,
+    train_drafter,
+    ttt_loss,
+)
+from eaglepipe.drafter.vocab import build_draft_vocab
+from eaglepipe.hidden.extract import default_aux_layers, file_sha256
+from eaglepipe.target.chat import render_prompt_ids, stop_token_id
+from eaglepipe.target.load import load_target
+
+CONVERSATIONS = [
+    (
+        "capital",
+        "What is the capital of France?",
+        "The capital of France is Paris. Paris is also the largest "
+        "city in France and is known for the Eiffel Tower.",
+    ),
+    (
+        "colors",
+        "Name three primary colors.",
+        "The three primary colors are red, blue and yellow. Mixing "
+        "red and blue gives purple, and mixing blue and yellow gives green.",
+    ),
+    ("count", "Count from one to ten.", "One, two, three, four, five, six, seven, eight, nine, ten."),
+    (
+        "python",
+        "How do I print hello in Python?",
+        'In Python you print hello with print("hello"). '
+        "The print function writes its argument to the screen.",
+    ),
+    (
+        "water",
+        "What is water made of?",
+        "Water is made of hydrogen and oxygen. Each water molecule has two "
+        "hydrogen atoms and one oxygen atom.",
+    ),
+    (
+        "days",
+        "List the days of the week.",
+        "The days of the week are Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday.",
+    ),
+    (
+        "sun",
+        "Why is the sun hot?",
+        "The sun is hot because of nuclear fusion. In its core, hydrogen fuses "
+        "into helium and releases a lot of energy.",
+    ),
+    (
+        "cats",
+        "Tell me about cats.",
+        "Cats are small furry animals. Cats like to sleep, and cats like to "
+        "play. Many people keep cats as pets.",
+    ),
+]
+HELD_OUT = {"sun", "cats"}
+EXPECTED_WEIGHTS = {
+    "midlayer.input_layernorm.weight": [576],
+    "midlayer.hidden_norm.weight": [576],
+    "midlayer.self_attn.q_proj.weight": [576, 1152],
+    "midlayer.self_attn.k_proj.weight": [192, 1152],
+    "midlayer.self_attn.v_proj.weight": [192, 1152],
+    "midlayer.self_attn.o_proj.weight": [576, 576],
+    "midlayer.post_attention_layernorm.weight": [576],
+    "midlayer.mlp.gate_proj.weight": [1536, 576],
+    "midlayer.mlp.up_proj.weight": [1536, 576],
+    "midlayer.mlp.down_proj.weight": [576, 1536],
+    "fc.weight": [576, 1728],
+    "norm.weight": [576],
+    "lm_head.weight": [256, 576],
+    "d2t": [256],
+    "t2d": [49152],
+}
+
+
+def write_hidden_set(model, tokenizer, out_dir: Path, aux_layer_ids: list[int], per_shard: int) -> Path:
+    """Hidden-state shards and `hidden.done` in the format of docs/formats.md, from the real target."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stop = stop_token_id(tokenizer)
+    rows = []
+    with torch.no_grad():
+        for prompt_id, question, answer in CONVERSATIONS:
+            prompt = render_prompt_ids(tokenizer, [{"role": "user", "content": question}])
+            completion = tokenizer.encode(answer, add_special_tokens=False) + [stop]
+            out = model(torch.tensor([prompt + completion]), output_hidden_states=True)
+            rows.append(
+                {
+                    "prompt_id": prompt_id,
+                    "aux": torch.cat([out.hidden_states[i + 1][0] for i in aux_layer_ids], dim=-1),
+                    "final": out.hidden_states[-1][0],
+                    "input_ids": torch.tensor(prompt + completion, dtype=torch.int32),
+                    "loss_mask": torch.tensor([0] * len(prompt) + [1] * len(completion), dtype=torch.uint8),
+                }
+            )
+    entries = []
+    for index, first in enumerate(range(0, len(rows), per_shard)):
+        part = rows[first : first + per_shard]
+        lengths = torch.tensor([0] + [len(r["input_ids"]) for r in part])
+        tensors = {
+            name: torch.cat([r[name] for r in part]).contiguous()
+            for name in ("aux", "final", "input_ids", "loss_mask")
+        }
+        tensors["offsets"] = lengths.cumsum(0)
+        path = out_dir / "hidden" / f"shard-{index:05d}.safetensors"
+        path.parent.mkdir(exist_ok=True)
+        save_file(
+            tensors,
+            str(path),
+            metadata={
+                "prompt_ids": json.dumps([r["prompt_id"] for r in part]),
+                "aux_layer_ids": json.dumps(aux_layer_ids),
+            },
+        )
+        entries.append(
+            {
+                "path": f"hidden/{path.name}",
+                "sha256": file_sha256(path),
+                "num_samples": len(part),
+                "num_tokens": int(lengths.sum()),
+            }
+        )
+    manifest = out_dir / "hidden.done"
+    manifest.write_text(
+        json.dumps(
+            {
+                "shards": entries,
+                "prompt_ids": [r["prompt_id"] for r in rows],
+                "aux_layer_ids": aux_layer_ids,
+                "layer_convention": "output",
+                "final_norm": "after",
+                "hidden_size": model.config.hidden_size,
+                "dtype": "float32",
+            }
+        )
+    )
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def target(model_dir):
+    return load_target(model_dir)
+
+
+@pytest.fixture(scope="module")
+def aux_layer_ids(target) -> list[int]:
+    return default_aux_layers(target[0].config.num_hidden_layers)
+
+
+@pytest.fixture(scope="module")
+def manifest(target, aux_layer_ids, tmp_path_factory) -> Path:
+    model, tokenizer = target
+    return write_hidden_set(model, tokenizer, tmp_path_factory.mktemp("demo"), aux_layer_ids, per_shard=5)
+
+
+@pytest.fixture(scope="module")
+def trained(manifest, model_dir, tmp_path_factory) -> tuple[Path, dict]:
+    out_dir = tmp_path_factory.mktemp("drafter")
+    settings = TrainSettings(
+        draft_vocab_size=256, ttt_length=3, lr=2e-3, epochs=12, batch_tokens=2048, warmup_ratio=0.0
+    )
+    return out_dir, train_drafter([manifest], model_dir, out_dir, holdout_ids=HELD_OUT, settings=settings)
+
+
+def random_drafter(model_dir: Path, aux_layer_ids: list[int], draft_vocab_size: int = 256) -> Eagle3Drafter:
+    config = Eagle3Config.from_target(read_target_config(model_dir), draft_vocab_size, aux_layer_ids)
+    embed, _ = load_target_embeddings(model_dir)
+    drafter = Eagle3Drafter(config, embed)
+    counts = torch.arange(config.vocab_size).flip(0)  # lower ids more frequent
+    drafter.set_draft_vocab(*build_draft_vocab(counts, config.draft_vocab_size, config.vocab_size))
+    return drafter.eval()
+
+
+def test_draft_vocab_takes_most_frequent_ids_ties_by_id_then_fills_lowest():
+    counts = torch.tensor([0, 5, 3, 5, 0, 1])  # ids 6..9 never seen
+    d2t, t2d = build_draft_vocab(counts, draft_vocab_size=6, vocab_size=10)
+    assert t2d.nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5]
+    d2t, t2d = build_draft_vocab(counts, draft_vocab_size=3, vocab_size=10)
+    assert (torch.arange(3) + d2t).tolist() == [1, 2, 3]  # 1 and 3 tie at 5, then 2
+    d2t, t2d = build_draft_vocab(counts, draft_vocab_size=5, vocab_size=10)
+    assert (torch.arange(5) + d2t).tolist() == [0, 1, 2, 3, 5]  # 0 is the lowest unseen id
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and t2d.sum() == 5
+    with pytest.raises(DrafterError, match="beyond the target vocab"):
+        build_draft_vocab(torch.ones(11), draft_vocab_size=5, vocab_size=10)
+
+
+def test_config_from_target_mirrors_the_target(model_dir, aux_layer_ids):
+    config = Eagle3Config.from_target(read_target_config(model_dir), 100_000, aux_layer_ids)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (
+        576,
+        9,
+        3,
+        64,
+    )
+    assert config.rope_theta == 100000.0 and config.draft_vocab_size == 49152  # capped at the target vocab
+    assert config.aux_layer_ids == (1, 14, 26)
+
+
+def test_forward_shapes_and_fc_only_on_the_first_step(model_dir, aux_layer_ids):
+    drafter = random_drafter(model_dir, aux_layer_ids)
+    fc_calls = []
+    drafter.fc.register_forward_hook(lambda *_: fc_calls.append(1))
+    cache = DraftCache()
+    with torch.no_grad():
+        logits, hidden = drafter(torch.tensor([[5, 6, 7, 8]]), torch.randn(1, 4, 3 * 576), cache)
+        assert logits.shape == (1, 4, 256) and hidden.shape == (1, 4, 576) and fc_calls == [1]
+        logits, hidden = drafter(torch.tensor([[9]]), hidden[:, -1:], cache)
+        logits, hidden = drafter(torch.tensor([[10]]), hidden, cache)
+    assert logits.shape == (1, 1, 256) and hidden.shape == (1, 1, 576) and fc_calls == [1]
+    assert cache.length == 4 and len(cache.chain_keys) == 2
+
+
+def test_training_time_test_rows_equal_serving_chains(model_dir, aux_layer_ids):
+    """Unrolling every row at once (training) computes what a one-row draft chain (serving) computes."""
+    torch.manual_seed(0)
+    drafter = random_drafter(model_dir, aux_layer_ids)
+    length, steps = 9, 3
+    ids, aux = torch.randint(0, 49152, (1, length + steps)), torch.randn(1, length, 3 * 576)
+    with torch.no_grad():
+        cache, hidden, unrolled = DraftCache(), aux, []
+        for step in range(steps):
+            hidden = drafter.step(ids[:, step : step + length], hidden, cache)
+            unrolled.append(hidden)
+        for anchor in (0, 4, length - 1):
+            cache, split = DraftCache(), anchor // 2
+            if split:  # the context arrives in two extensions, as after a verify
+                drafter.step(ids[:, :split], aux[:, :split], cache)
+            hidden = drafter.step(ids[:, split : anchor + 1], aux[:, split : anchor + 1], cache)[:, -1:]
+            torch.testing.assert_close(hidden, unrolled[0][:, anchor : anchor + 1], rtol=1e-5, atol=1e-5)
+            for step in range(1, steps):
+                hidden = drafter.step(ids[:, anchor + step : anchor + step + 1], hidden, cache)
+                expected = unrolled[step][:, anchor : anchor + 1]
+                torch.testing.assert_close(hidden, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_row_t_learns_the_target_distribution_at_t_plus_1(manifest, model_dir, aux_layer_ids):
+    """The loss, recomputed from full-vocabulary target logits, for one unroll step."""
+    torch.manual_seed(3)
+    data = open_hidden_data([manifest], holdout_ids=set())
+    drafter = random_drafter(model_dir, aux_layer_ids, draft_vocab_size=64)
+    drafter.set_draft_vocab(*build_draft_vocab(data.token_counts, 64, 49152))
+    hot = drafter.draft_to_target(torch.arange(64))
+    _, lm_head = load_target_embeddings(model_dir)
+    sample = load_samples(data.samples[:1])[0]
+    with torch.no_grad():
+        loss, _, counted = ttt_loss(drafter, Teacher(lm_head, hot), collate([sample], torch.device("cpu")), 1)
+        ids, aux = sample.input_ids[None], sample.aux[None]
+        # row t consumes aux t and token t+1
+        logits = drafter.logits(drafter.step(ids[:, 1:], aux[:, :-1], DraftCache()))[0]
+        target_logits = sample.final @ lm_head.T
+        mask = sample.loss_mask.tolist()
+        rows = [
+            t
+            for t in range(len(mask) - 2)
+            if mask[t + 1] and mask[t + 2] and int(target_logits[t + 1].argmax()) in hot.tolist()
+        ]
+        expected = torch.stack(
+            [-(target_logits[t + 1, hot].softmax(-1) * logits[t].log_softmax(-1)).sum() for t in rows]
+        ).mean()
+    assert 0 < len(rows) < sum(mask) - 1 and counted.tolist() == [len(rows)]
+    torch.testing.assert_close(loss, expected)
+
+
+def test_evaluation_feeds_the_drafter_as_training_does(manifest, model_dir, target, aux_layer_ids):
+    """Once the target verified 0..t and produced token t+1, the first draft is what training's row t says."""
+    model, _ = target
+    torch.manual_seed(2)
+    drafter = random_drafter(model_dir, aux_layer_ids)
+    sample = load_samples(open_hidden_data([manifest], holdout_ids=set()).samples[:1])[0]
+    ids = sample.input_ids[None]
+    training = DraftCache()
+    with torch.no_grad():
+        training_logits = drafter.logits(drafter.step(shift_left(ids, 1, 0), sample.aux[None], training))
+        for t in (len(sample.input_ids) // 2, len(sample.input_ids) - 3):
+            states = model(ids[:, : t + 1], output_hidden_states=True).hidden_states
+            aux = torch.cat([states[i + 1][0] for i in aux_layer_ids], dim=-1)
+            proposer = EagleProposer(drafter)
+            drafts = proposer.propose(ids[0, : t + 2].tolist(), aux, num_steps=1)
+            context_keys = training.keys[:, :, : t + 1]  # rows 0..t: aux r with token r+1
+            torch.testing.assert_close(proposer.cache.keys, context_keys, rtol=1e-4, atol=1e-4)
+            assert drafts == [int(drafter.draft_to_target(training_logits[0, t].argmax()))]
+
+
+def test_final_hidden_state_is_after_the_final_norm(target):
+    model, _ = target
+    last_layer_outputs = []
+    handle = model.model.layers[-1].register_forward_hook(lambda _m, _i, out: last_layer_outputs.append(out))
+    with torch.no_grad():
+        out = model(torch.tensor([[1, 2, 3, 4]]), output_hidden_states=True)
+    handle.remove()
+    pre_norm = last_layer_outputs[0][0] if isinstance(last_layer_outputs[0], tuple) else last_layer_outputs[0]
+    torch.testing.assert_close(out.hidden_states[-1], model.model.norm(pre_norm))
+    assert not torch.allclose(out.hidden_states[-1], pre_norm)
+
+
+def test_data_checks_checksums_and_holds_out(manifest, tmp_path):
+    data = open_hidden_data([manifest], holdout_ids=HELD_OUT)
+    assert {s.prompt_id for s in data.samples} == {c[0] for c in CONVERSATIONS} - HELD_OUT
+    assert sorted(data.held_out) == sorted(HELD_OUT) and data.aux_layer_ids == [1, 14, 26]
+    first = load_samples(data.samples[:1])[0]
+    assert first.aux.shape == (len(first.input_ids), 3 * 576) and first.loss_mask.dtype == torch.bool
+    assert int(data.token_counts.sum()) == sum(int(s.loss_mask.sum()) for s in load_samples(data.samples))
+
+    broken = json.loads(manifest.read_text())
+    broken["shards"][0]["sha256"] = "0" * 64
+    (tmp_path / "hidden").symlink_to(manifest.parent / "hidden")
+    (tmp_path / "hidden.done").write_text(json.dumps(broken))
+    with pytest.raises(DrafterError, match="shard-00000.safetensors: sha256 differs"):
+        open_hidden_data([tmp_path / "hidden.done"], holdout_ids=set())
+
+
+def test_soft_cross_entropy_gradient():
+    probs = torch.softmax(torch.randn(4, 7, dtype=torch.double), -1)
+    logits = torch.randn(3, 7, dtype=torch.double, requires_grad=True)
+    rows = torch.tensor([2, 0, 2])
+    assert torch.autograd.gradcheck(lambda x: SoftCrossEntropy.apply(x, probs, rows), (logits,))
+    expected = -(probs[rows] * logits.log_softmax(-1)).sum(-1).mean()
+    torch.testing.assert_close(SoftCrossEntropy.apply(logits, probs, rows), expected)
+
+
+def test_settings_name_the_bad_field():
+    with pytest.raises(DrafterError, match="ttt_length"):
+        TrainSettings(ttt_length=0)
+
+
+@pytest.mark.slow
+def test_training_reduces_the_loss_and_exports(trained):
+    out_dir, report = trained
+    losses = [point["loss"] for point in report["loss_curve"]]
+    assert report["steps"] == 12 and losses[-1] < 0.7 * losses[0]
+    assert len(report["ttt_accuracy"]) == 3 and all(0 <= a <= 1 for a in report["ttt_accuracy"])
+    assert report["held_out_prompt_ids"] == sorted(HELD_OUT) and report["train_samples"] == 6
+    assert {p.name for p in out_dir.iterdir()} == {"config.json", "model.safetensors"}
+
+
+def test_export_layout_and_fused_reload_reproduce_logits(model_dir, aux_layer_ids, tmp_path):
+    torch.manual_seed(1)
+    drafter = random_drafter(model_dir, aux_layer_ids)
+    export_drafter(drafter, tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as tensors:
+        names = tensors.keys()
+        shapes = {name: tensors.get_slice(name).get_shape() for name in names}
+        dtypes = tensors.get_tensor("d2t").dtype, tensors.get_tensor("t2d").dtype
+    assert dtypes == (torch.int64, torch.bool)
+    assert shapes == EXPECTED_WEIGHTS
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config == config_json(drafter.config)
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["tie_word_embeddings"] is False
+    assert config["eagle_config"] == {
+        "eagle_aux_hidden_state_layer_ids": [1, 14, 26],
+        "use_aux_hidden_state": True,
+    }
+    hf = AutoConfig.from_pretrained(tmp_path)
+    assert (hf.model_type, hf.num_hidden_layers, hf.draft_vocab_size, hf.head_dim) == ("llama", 1, 256, 64)
+
+    served = load_exported(tmp_path, model_dir)
+    assert hasattr(served.midlayer.self_attn, "qkv_proj") and hasattr(served.midlayer.mlp, "gate_up_proj")
+    assert torch.equal(served.d2t, drafter.d2t) and torch.equal(served.t2d, drafter.t2d)
+    ids, aux = torch.randint(0, 49152, (1, 6)), torch.randn(1, 6, 3 * 576)
+    with torch.no_grad():
+        caches = DraftCache(), DraftCache()
+        (a, ha), (b, hb) = drafter(ids, aux, caches[0]), served(ids, aux, caches[1])
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        a, _ = drafter(ids[:, -1:], ha[:, -1:], caches[0])
+        b, _ = served(ids[:, -1:], hb[:, -1:], caches[1])
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_speculative_decoding_reproduces_greedy_for_every_method(trained, target, model_dir):
+    model, tokenizer = target
+    stop = stop_token_id(tokenizer)
+    drafter = load_exported(trained[0], model_dir)
+    proposers = {
+        "eagle3": lambda: EagleProposer(drafter),
+        "untrained": lambda: EagleProposer(untrained_like(drafter, seed=0)),
+        "prompt_lookup": PromptLookupProposer,
+    }
+    stops_early = "What is 2+2? Answer with a number only."  # greedy: "2 + 2 = 4" and the stop token
+    for question in ("Why is the sun hot?", stops_early):
+        prompt = render_prompt_ids(tokenizer, [{"role": "user", "content": question}])
+        greedy = model.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=stop, pad_token_id=stop
+        )[0, len(prompt) :].tolist()
+        assert (greedy[-1] == stop) == (question == stops_early)
+        for name, make in proposers.items():
+            run = speculative_generate(model, prompt, make(), num_steps=3, max_new_tokens=24, stop_id=stop)
+            assert run.tokens == greedy, name
+            assert run.verified_tokens >= run.target_forwards >= 1, name
+
+
+@pytest.mark.slow
+def test_evaluate_reports_every_method(trained, model_dir, target):
+    _, tokenizer = target
+    prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": "Count from one to five."}])]
+    report = evaluate(trained[0], model_dir, prompts, max_new_tokens=12)
+    for name in ("eagle3", "eagle3_untrained", "prompt_lookup"):
+        method = report["methods"][name]
+        assert method["acceptance_length"] >= 1.0 and method["tokens"] >= method["target_forwards"] >= 1
+        assert method["per_prompt"][0]["tokens"] == method["tokens"]
+    assert report["held_out_prompts"] == 1 and report["outputs_identical_across_methods"] is True
+    with pytest.raises(DrafterError, match="topk 1"):
+        evaluate(trained[0], model_dir, prompts, topk=2)
