@@ -39,7 +39,8 @@ rule evaluate_drafter:
         eval="results/drafter/eval.json",
     params:
         target=TARGET_DIR,
-        settings=config["eval"],
+        # What is measured; where it runs (eval.device, eval.dtype) is read from the config by the script.
+        settings={k: v for k, v in config["eval"].items() if k not in ("device", "dtype")},
     log:
         "logs/evaluate_drafter.log",
     threads: 2

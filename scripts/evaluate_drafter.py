@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 from eaglepipe.drafter.evaluate import evaluate
-
 from eaglepipe.drafter.holdout import holdout_prompts
 from eaglepipe.io import write_json
 from eaglepipe.jobs import snakemake_job
@@ -23,6 +22,8 @@ with snakemake_job(snakemake) as log:
         topk=settings["topk"],
         num_draft_tokens=settings["num_draft_tokens"],
         max_new_tokens=settings["max_new_tokens"],
+        device=snakemake.config["eval"]["device"],
+        dtype=snakemake.config["eval"]["dtype"],
     )
     write_json(Path(snakemake.output.eval), {**result, "prompt_ids": [pid for pid, _ in prompts]})
     log.info("acceptance lengths: %s", {m: r["acceptance_length"] for m, r in result["methods"].items()})

@@ -39,7 +39,7 @@ def tiny_config(workdir: Path, model_dir: Path) -> dict:
         "hidden": {"dtype": "float32", "device": "cpu", "gpus": 0, "batch_tokens": 2048},
         "drafter": {"draft_vocab_size": 512, "ttt_length": 2, "lr": 1e-3, "epochs": 1, "max_steps": 4,
                     "batch_tokens": 1024, "max_seq_len": 256, "dtype": "float32", "device": "cpu", "gpus": 0},
-        "eval": {"holdout_per_dataset": 1, "max_new_tokens": 8},
+        "eval": {"holdout_per_dataset": 1, "max_new_tokens": 8, "device": "cpu", "dtype": "float32"},
     }
 
 
@@ -105,7 +105,7 @@ def test_evaluation_uses_held_out_prompts_only(pipeline):
     evaluation = json.loads((pipeline / "results" / "drafter" / "eval.json").read_text())
     assert len(train["holdout_ids"]) == 2
     assert sorted(evaluation["prompt_ids"]) == sorted(train["holdout_ids"])
-    for method in ("trained", "untrained", "prompt_lookup"):
+    for method in ("eagle3", "eagle3_untrained", "prompt_lookup"):
         assert evaluation["methods"][method]["acceptance_length"] >= 1.0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,9 @@ def test_installed_versions_are_the_pinned_ones():
 
 def test_every_rule_names_its_conda_env_and_log():
     rules = "".join(p.read_text() for p in (REPO / "rules").glob("*.smk"))
-    assert rules.count("rule ") == rules.count("conda:") == rules.count("log:")
+    count = len(re.findall(r"^\s*rule \w+:", rules, re.M))
+    assert count == 8
+    assert len(re.findall(r"^\s*conda:", rules, re.M)) == len(re.findall(r"^\s*log:", rules, re.M)) == count
 
 
 def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_second():

@@ -47,7 +47,7 @@ class EagleProposer:
     @torch.no_grad()
     def propose(self, tokens: list[int], new_aux: Tensor | None, num_steps: int) -> list[int]:
         start = self.cache.length
-        ids = torch.tensor([tokens[start + 1 : start + 1 + len(new_aux)]])
+        ids = torch.tensor([tokens[start + 1 : start + 1 + len(new_aux)]], device=new_aux.device)
         logits, hidden = self.drafter(ids, new_aux[None], self.cache)
         logits, hidden = logits[:, -1:], hidden[:, -1:]
         drafts: list[int] = []
@@ -126,6 +126,8 @@ def evaluate(
     num_draft_tokens: int = 4,
     max_new_tokens: int = 128,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """eval.json: acceptance of the exported drafter, an untrained one and prompt lookup on `prompts`."""
     if topk != 1 or num_draft_tokens != num_steps + 1:
@@ -135,10 +137,10 @@ def evaluate(
         )
     if not prompts:
         raise DrafterError("no held-out prompts to evaluate: hold some prompt ids out of training")
-    target, tokenizer = load_target(target_dir)
+    target, tokenizer = load_target(target_dir, dtype=dtype, device=device)
     stop_id = stop_token_id(tokenizer)
-    trained = load_exported(drafter_dir, target_dir)
-    untrained = untrained_like(trained, seed)
+    trained = load_exported(drafter_dir, target_dir, dtype=dtype).to(target.device)
+    untrained = untrained_like(trained, seed).to(target.device)
     methods = {
         "eagle3": lambda: EagleProposer(trained),
         "eagle3_untrained": lambda: EagleProposer(untrained),
@@ -176,6 +178,8 @@ def evaluate(
             "max_new_tokens": max_new_tokens,
             "seed": seed,
             "decoding": "greedy",
+            "device": str(target.device),
+            "dtype": dtype,
         },
     }
 
