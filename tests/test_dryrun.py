@@ -1,0 +1,48 @@
+"""Planning the real run needs no key, no network and no GPU; running it without a key stops at once."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def snakemake(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OPENROUTER_KEY_FILE"}
+    env["HF_HUB_OFFLINE"] = "1"
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+               "--configfile", str(REPO / "config.yaml"), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def job_counts(output: str) -> dict[str, int]:
+    table = output.split("Job stats:")[1].split("\n\n")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
+
+
+def test_dry_run_plans_the_real_run_without_a_key(tmp_path):
+    run = snakemake(tmp_path, "-n")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert job_counts(run.stdout) == {
+        "prompts": 8, "providers": 1, "generate": 8, "tokens": 8, "hidden": 8,
+        "train_drafter": 1, "evaluate_drafter": 1, "all": 1,
+    }
+    assert "resources/prompts/B5.jsonl" in run.stdout and not (tmp_path / "results").exists()
+
+
+def test_one_sets_hidden_states_plan_only_that_chain(tmp_path):
+    run = snakemake(tmp_path, "-n", "results/B5/hidden.done")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert job_counts(run.stdout) == {"prompts": 1, "providers": 1, "generate": 1, "tokens": 1, "hidden": 1}
+    assert not re.search(r"B[1-46-8]\b", run.stdout)
+
+
+def test_a_real_run_without_a_key_stops_before_any_job(tmp_path):
+    run = snakemake(tmp_path, "--cores", "1", "results/B5/responses.jsonl")
+    assert run.returncode != 0
+    assert "eaglepipe: no API key file" in run.stderr
+    assert "rule prompts" not in run.stdout + run.stderr and not (tmp_path / "resources").exists()
