@@ -2,9 +2,8 @@
 
 from pathlib import Path
 
-from eaglepipe.drafter.train import TrainSettings, train_drafter
-
 from eaglepipe.drafter.holdout import select_holdout
+from eaglepipe.drafter.train import TrainSettings, train_drafter
 from eaglepipe.io import write_json
 from eaglepipe.jobs import snakemake_job
 
