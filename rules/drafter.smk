@@ -13,7 +13,8 @@ rule train_drafter:
         report="results/drafter/train.json",
     params:
         target=TARGET_DIR,
-        settings=config["drafter"],
+        # What shapes the drafter; where it trains (device, gpus) is read from the config by the script.
+        settings={k: v for k, v in config["drafter"].items() if k not in ("device", "gpus")},
         holdout_per_dataset=config["eval"]["holdout_per_dataset"],
         holdout_ids=config["eval"]["holdout_ids"],
     log:

@@ -8,7 +8,8 @@ rule providers:
     output:
         providers="results/providers.json",
     params:
-        api=config["api"],
+        model=config["api"]["model"],
+        base_url=config["api"]["base_url"],
         routing=config["routing"],
         max_tokens=config["generation"]["max_tokens"],
     log:
@@ -28,13 +29,15 @@ rule generate:
         model=embedded_target() if LOCAL_API else [],
     output:
         responses="results/{ds}/responses.jsonl",
-        summary="results/{ds}/responses.summary.json",
     params:
         # Only what changes the responses or completes a set belongs here: a change reruns the (paid) job,
         # which then resumes from the journal.
         fingerprint=generation_fingerprint(),
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
+        usd_budget=config["budget"]["usd"],
         journal=lambda wildcards: f"results/{wildcards.ds}/.journal",
+        # Undeclared, like the journal: a failed job keeps the summary that says why it failed.
+        summary=lambda wildcards: f"results/{wildcards.ds}/responses.summary.json",
     log:
         "logs/generate/{ds}.log",
     localrule: True

@@ -1,12 +1,13 @@
 # 3. Hidden states: the target run over the token ids. Shards go to results/{ds}/hidden/ (undeclared, so a
 # killed extraction resumes from finished shards); the manifest hidden.done is the declared output.
-# params hold what changes the states; how they are computed (device, batch size) is read from the config
-# in the script, so changing it reruns nothing.
+# params hold what changes the states; how they are computed and stored (device, batch and shard sizes)
+# is read from the config in the script, so changing it reruns nothing.
 
 
 rule hidden:
     input:
         tokens="results/{ds}/tokens.safetensors",
+        stats="results/{ds}/tokens.json",
         model=embedded_target(),
     output:
         manifest="results/{ds}/hidden.done",
@@ -16,7 +17,6 @@ rule hidden:
         shard_dir=lambda wildcards: f"results/{wildcards.ds}/hidden",
         aux_layers=config["hidden"]["aux_layers"],
         dtype=config["hidden"]["dtype"],
-        shard_tokens=config["hidden"]["shard_tokens"],
     log:
         "logs/hidden/{ds}.log",
     threads: 2

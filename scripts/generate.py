@@ -11,10 +11,11 @@ with snakemake_job(snakemake):
         prompts_path=Path(snakemake.input.prompts),
         providers_path=Path(snakemake.input.providers),
         responses_path=Path(snakemake.output.responses),
-        summary_path=Path(snakemake.output.summary),
+        summary_path=Path(snakemake.params.summary),
         journal_dir=Path(snakemake.params.journal),
         fingerprint=snakemake.params.fingerprint,
         output_token_budget=snakemake.params.output_token_budget,
+        usd_budget=snakemake.params.usd_budget,
         emulator_log=Path(snakemake.log[0]).with_suffix(".emulator.log"),
         threads=snakemake.threads,
     )

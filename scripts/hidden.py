@@ -15,7 +15,7 @@ with snakemake_job(snakemake) as log:
         aux_layers=snakemake.params.aux_layers,
         dtype=snakemake.params.dtype,
         device=snakemake.config["hidden"]["device"],
-        shard_tokens=snakemake.params.shard_tokens,
+        shard_tokens=snakemake.config["hidden"]["shard_tokens"],
         batch_tokens=snakemake.config["hidden"]["batch_tokens"],
     )
     shards, num_tokens = len(manifest["shards"]), manifest["num_tokens"]

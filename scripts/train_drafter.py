@@ -13,7 +13,7 @@ with snakemake_job(snakemake) as log:
         per_dataset=snakemake.params.holdout_per_dataset,
         explicit=snakemake.params.holdout_ids,
     )
-    settings = {key: value for key, value in snakemake.params.settings.items() if key != "gpus"}
+    settings = {**snakemake.params.settings, "device": snakemake.config["drafter"]["device"]}
     report = train_drafter(
         [Path(p) for p in snakemake.input.manifests],
         Path(snakemake.params.target),

@@ -15,7 +15,7 @@ import pytest
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.fingerprint import request_fingerprint
-from eaglepipe.openrouter.journal import RECORDS_FILE, read_records
+from eaglepipe.openrouter.journal import RECORDS_FILE, journaled_dollars, read_records
 from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
 from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import read_api_key
@@ -256,3 +256,26 @@ def test_credit_exhaustion_keeps_everything_billed_and_ends_resumable(
     assert 0 < len(journaled) == billed_now < len(PROMPTS)
     assert not (prompts_path.parent / "responses.jsonl").exists()
     assert files_mentioning(prompts_path.parent, "RIGHTKEY") == []
+
+
+def test_dollar_budget_counts_the_whole_run_and_stops_before_passing_it(
+    emulator_url: str, provider_obj: dict[str, Any], tmp_path: Path
+) -> None:
+    first = write_prompts(tmp_path / "results" / "set-a", PROMPTS[:3])
+    done = generate(first, settings_for(emulator_url, provider_obj))
+    spent_by_a = journaled_dollars(tmp_path / "results")
+    assert spent_by_a == pytest.approx(done.dollars) and spent_by_a > 0
+    per_request = spent_by_a / 3
+
+    # Set b may spend what is left of a budget of five requests, which set a already used three of.
+    second = write_prompts(tmp_path / "results" / "set-b", PROMPTS[3:])
+    capped = settings_for(
+        emulator_url, provider_obj, concurrency=1, usd_budget=per_request * 5.5,
+        usd_spent_before=spent_by_a, expected_request_usd=per_request,
+    )
+    before = billed(emulator_url)
+    with pytest.raises(OpenRouterError, match=r"ended by dollar_budget .*raise budget.usd"):
+        generate(second, capped)
+    assert billed(emulator_url) - before == 2
+    assert journaled_dollars(tmp_path / "results") <= per_request * 5.5
+    assert json.loads((second.parent / "summary.json").read_text())["ended_because"] == "dollar_budget"

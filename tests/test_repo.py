@@ -14,7 +14,8 @@ BIN = Path(sys.executable).parent
 
 
 def test_ruff_is_clean():
-    run = subprocess.run([str(BIN / "ruff"), "check", "--no-cache", "."], cwd=REPO, capture_output=True, text=True)
+    command = [str(BIN / "ruff"), "check", "--no-cache", "."]
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout
 
 

@@ -11,12 +11,19 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from eaglepipe.drafter import DrafterError
+
 
 def select_holdout(token_stats: list[Path], *, per_dataset: int, explicit: list[str]) -> list[str]:
     chosen: list[str] = []
     for path in token_stats:
         chosen += json.loads(Path(path).read_text())["prompt_ids"][:per_dataset]
-    return chosen + [pid for pid in explicit if pid not in chosen]
+    chosen += [pid for pid in explicit if pid not in chosen]
+    if not chosen:
+        raise DrafterError(
+            "no prompt is held out for the evaluation: set eval.holdout_per_dataset >= 1 or eval.holdout_ids"
+        )
+    return chosen
 
 
 def holdout_prompts(

@@ -44,11 +44,13 @@ def _stop(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)  # anything the server itself started
 
 
-def _tail(log_path: Path, lines: int = 20) -> str:
+def _last_line(log_path: Path) -> str:
+    """The log's last non-blank line: for a startup failure, the error that ended it."""
     try:
-        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
-        return "(no log)"
+        return "no log"
+    return lines[-1].strip() if lines else "empty log"
 
 
 @contextlib.contextmanager
@@ -91,13 +93,12 @@ def running_emulator(
             while not port_file.exists():
                 if process.poll() is not None:
                     raise EmulatorError(
-                        f"emulator exited with status {process.returncode} during startup; "
-                        f"last lines of {log_path}:\n{_tail(log_path)}"
+                        f"emulator exited with status {process.returncode} during startup "
+                        f"({_last_line(log_path)}): see {log_path}"
                     )
                 if time.monotonic() > deadline:
                     raise EmulatorError(
-                        f"emulator did not listen within {startup_timeout_s:g} s; last lines of "
-                        f"{log_path}:\n{_tail(log_path)}"
+                        f"emulator did not listen within {startup_timeout_s:g} s: see {log_path}"
                     )
                 time.sleep(0.05)
             yield f"http://127.0.0.1:{int(port_file.read_text())}/api/v1"

@@ -1,9 +1,10 @@
 """Run the target over the token ids and store EAGLE-3's inputs: three auxiliary layers and the last one.
 
-Layers follow the "output of layer i" convention (HF `hidden_states[i + 1]`); the final state is taken
-after the model's final norm, which is what transformers returns last. Shards hold whole samples, are
-planned from the token file alone, and are written atomically with a key in their metadata, so a killed
-run reuses every finished shard and recomputes one only when its token slice, model or layers changed.
+Layers follow the "output of layer i" convention (HF `hidden_states[i + 1]`, taken by forward hooks);
+the final state is taken after the model's final norm (what transformers returns last). Shards hold
+whole samples, are planned from the token file alone, and are written atomically with a key in their
+metadata, so a killed run reuses every finished shard and recomputes one only when its samples, model
+or layers changed.
 """
 
 from __future__ import annotations
@@ -76,13 +77,17 @@ def model_identity(target_dir: Path, target_name: str) -> dict[str, Any]:
     return {"name": target_name, "files_sha256": hashed, "weight_bytes": weights}
 
 
-def _shard_key(tokens: dict[str, torch.Tensor], plan: ShardPlan, computed_by: list) -> str:
-    """Changes whenever the shard's token slice or what computes it (model, layers, dtype) changes."""
+def _shard_key(
+    tokens: dict[str, torch.Tensor], plan: ShardPlan, prompt_ids: list[str], computed_by: list
+) -> str:
+    """Changes whenever the shard's samples (tokens, masks, boundaries, ids) or what computes them (model,
+    layers, dtype) change."""
     start, end = int(tokens["offsets"][plan.first]), int(tokens["offsets"][plan.last])
     digest = hashlib.sha256()
     digest.update(tokens["input_ids"][start:end].numpy().tobytes())
     digest.update(tokens["loss_mask"][start:end].numpy().tobytes())
-    digest.update(json.dumps(computed_by, sort_keys=True).encode())
+    digest.update((tokens["offsets"][plan.first : plan.last + 1] - start).numpy().tobytes())
+    digest.update(json.dumps([prompt_ids[plan.first : plan.last], computed_by], sort_keys=True).encode())
     return digest.hexdigest()
 
 
@@ -96,9 +101,41 @@ def _existing_key(path: Path) -> str | None:
         return None
 
 
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer stack (its `layers` and final `norm`), without the lm_head: the head's
+    full-vocabulary logits would cost more memory than all the states we keep (163,840 wide for Kimi)."""
+    for module in model.modules():
+        if isinstance(getattr(module, "layers", None), torch.nn.ModuleList) and hasattr(module, "norm"):
+            return module
+    raise HiddenError(f"{type(model).__name__}: no decoder with `layers` and `norm` to capture states from")
+
+
 @torch.no_grad()
+def capture_states(decoder: torch.nn.Module, layers: list[int], input_ids, attention_mask):
+    """(aux [B, L, 3H], final [B, L, H]): outputs of the given layers, and the final-norm output.
+
+    Forward hooks keep only these layers, where `output_hidden_states` would hold all of them.
+    """
+    captured: dict[int, torch.Tensor] = {}
+
+    def keep(index: int):
+        def hook(_module, _inputs, output):
+            captured[index] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    handles = [decoder.layers[i].register_forward_hook(keep(i)) for i in layers]
+    try:
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.cat([captured[i] for i in layers], dim=-1), out.last_hidden_state
+
+
 def _forward_rows(model, tokens, rows: range, layers: list[int], batch_tokens: int, device, dtype):
     """Hidden states of whole samples, batched by padded token count."""
+    decoder = decoder_of(model)
     offsets = tokens["offsets"]
     aux_parts, final_parts = [], []
     batch: list[int] = []
@@ -110,13 +147,11 @@ def _forward_rows(model, tokens, rows: range, layers: list[int], batch_tokens: i
         for i, r in enumerate(batch):
             seq = tokens["input_ids"][offsets[r] : offsets[r + 1]].long()
             ids[i, : len(seq)], mask[i, : len(seq)] = seq, 1
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
-        states = out.hidden_states
+        aux, final = capture_states(decoder, layers, ids.to(device), mask.to(device))
         for i, r in enumerate(batch):
             n = int(offsets[r + 1] - offsets[r])
-            aux = torch.cat([states[layer + 1][i, :n] for layer in layers], dim=-1)
-            aux_parts.append(aux.to("cpu", dtype))
-            final_parts.append(states[-1][i, :n].to("cpu", dtype))
+            aux_parts.append(aux[i, :n].to("cpu", dtype))
+            final_parts.append(final[i, :n].to("cpu", dtype))
         batch.clear()
 
     for r in rows:
@@ -162,7 +197,7 @@ def extract_hidden(
     started = time.monotonic()
     for plan in plan_shards(offsets, shard_tokens):
         path = shard_dir / plan.name
-        key = _shard_key(tokens, plan, [identity, layers, dtype])
+        key = _shard_key(tokens, plan, prompt_ids, [identity, layers, dtype])
         if _existing_key(path) == key:
             log.info("%s: reused (same tokens, model and layers)", path)
         else:

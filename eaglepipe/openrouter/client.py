@@ -55,6 +55,11 @@ class GenerationSettings:
     max_attempts: int = 5
     request_timeout_s: float = 600.0
     output_token_budget: int | None = None
+    # Run-wide dollars: the cap, what the run had spent before this job, and what one request is expected
+    # to cost until this job has observed some (an upper bound from prices and max_tokens).
+    usd_budget: float | None = None
+    usd_spent_before: float = 0.0
+    expected_request_usd: float = 0.0
     stream: bool = False
     return_token_ids: bool = False
     backoff_base_s: float = 1.0
@@ -214,6 +219,17 @@ class _Run:
         expected = self.summary.completion_tokens / done if done else self.settings.max_tokens
         return self.summary.completion_tokens + self.in_flight * expected >= budget
 
+    def dollars_reached(self) -> bool:
+        """The run's spend plus what the requests in flight and the next one are expected to cost (their
+        observed mean, else the configured upper bound) would pass `usd_budget`."""
+        budget = self.settings.usd_budget
+        if budget is None:
+            return False
+        new = self.summary.done - self.summary.resumed
+        expected = self.dollars_this_run / new if new else self.settings.expected_request_usd
+        spent = self.settings.usd_spent_before + self.dollars_this_run
+        return spent + (self.in_flight + 1) * expected > budget
+
     def finish(self) -> None:
         """Permanent failures (400/403) are final answers, recorded in the summary; transient ones leave
         the set unfinished, for a rerun to retry."""
@@ -272,6 +288,13 @@ async def _feed_workers(
                         "token_budget",
                         f"output_token_budget {settings.output_token_budget} reached "
                         f"({run.summary.completion_tokens} completion tokens done)",
+                    )
+                if run.stop_reason is None and run.dollars_reached():
+                    run.stop(
+                        "dollar_budget",
+                        f"budget.usd {settings.usd_budget:g} reached "
+                        f"(${settings.usd_spent_before + run.dollars_this_run:.4f} spent by the run): "
+                        "raise budget.usd to go on",
                     )
                 if run.stop_reason is not None:
                     run.slots.release()

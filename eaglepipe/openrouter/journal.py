@@ -51,6 +51,19 @@ def load_done(journal_dir: Path, fingerprint: str) -> dict[str, dict[str, Any]]:
     }
 
 
+def journaled_dollars(results_dir: Path) -> float:
+    """What every set's journal, under every fingerprint, has been charged: the run's spend so far.
+
+    Generation jobs run one at a time (`api=1`), so this read at a job's start plus the job's own spend is
+    the run-wide total; it counts kept responses only (failed requests are not charged by OpenRouter).
+    """
+    return sum(
+        (record.get("usage") or {}).get("cost") or 0.0
+        for journal in sorted(Path(results_dir).glob(f"*/.journal/{RECORDS_FILE}"))
+        for record in read_records(journal.parent)
+    )
+
+
 class Journal:
     """The append side; use as `async with Journal(dir) as journal`. Writes are serialised and shielded
     from cancellation, so Ctrl-C or a stopped task group never leaves a half-written record behind."""

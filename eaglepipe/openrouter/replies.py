@@ -41,6 +41,8 @@ async def read_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str,
         data = response.json()
     except ValueError:
         raise RequestFailed(None, "HTTP 200 whose body is not JSON") from None
+    if not isinstance(data, dict):
+        raise RequestFailed(None, "HTTP 200 whose body is not a JSON object")
     if data.get("error"):
         raise _error_in_body(data["error"])
     choices = data.get("choices") or []
@@ -167,8 +169,10 @@ def _http_failure(response: httpx.Response) -> RequestFailed:
     return RequestFailed(response.status_code, error_detail(response), _retry_after_s(response))
 
 
-def _error_in_body(error: dict[str, Any]) -> RequestFailed:
+def _error_in_body(error: Any) -> RequestFailed:
     """An error inside an HTTP 200 keeps its own code, so a 402 mid-stream still stops the run."""
+    if not isinstance(error, dict):
+        return RequestFailed(None, f"error inside an HTTP 200: {one_line(str(error))}")
     code = error.get("code")
     status = code if isinstance(code, int) and not isinstance(code, bool) else None
     return RequestFailed(status, f"error inside an HTTP 200: {one_line(str(error.get('message') or error))}")

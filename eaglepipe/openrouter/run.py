@@ -20,7 +20,10 @@ from eaglepipe.openrouter.secrets import ApiKey
 # configured budgets end a set (raising one reruns the job, which resumes from the journal).
 COMPLETE = {"all_done", "token_budget"}
 # What to do about an unfinished set, by `ended_because`; anything else is resumed by a plain rerun.
-ADVICE = {"failures": "see the summary for why; rerun to retry them"}
+ADVICE = {
+    "failures": "see the summary for why; rerun to retry them",
+    "dollar_budget": "raise budget.usd, then rerun to resume",
+}
 
 
 def read_prompt_set(path: Path) -> list[dict[str, Any]]:

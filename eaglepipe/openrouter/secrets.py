@@ -39,6 +39,11 @@ def read_api_key(key_file: str | None, env_var: str = KEY_FILE_ENV_VAR) -> ApiKe
         raise OpenRouterError(
             f"no API key file: set the key file in the config or export {env_var}=/path/to/keyfile"
         )
+    if path_text.strip().startswith("sk-"):
+        raise OpenRouterError(
+            f"the key file setting (config api.key_file or {env_var}) holds a key, not a path: "
+            "put the key in a file and name that file instead"
+        )
     path = Path(path_text).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
@@ -53,6 +58,9 @@ def read_api_key(key_file: str | None, env_var: str = KEY_FILE_ENV_VAR) -> ApiKe
         raise OpenRouterError(f"API key file {path} is empty: write the key into it on one line")
     if len(lines) > 1 or len(lines[0].split()) > 1:
         raise OpenRouterError(f"API key file {path} holds more than the key: leave only the key on one line")
+    if not lines[0].isascii() or not lines[0].isprintable():
+        # An HTTP library would quote such a header value, key included, in its error message.
+        raise OpenRouterError(f"API key file {path} holds a non-printable character: rewrite the key")
     if path.stat().st_mode & (stat.S_IRGRP | stat.S_IROTH):
         log.warning("API key file %s is readable by group or others: chmod 600 %s", path, path)
     return ApiKey(lines[0])

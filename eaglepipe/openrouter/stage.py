@@ -17,6 +17,7 @@ from eaglepipe.config import is_local_api
 from eaglepipe.io import write_json
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError
+from eaglepipe.openrouter.journal import journaled_dollars
 from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
 from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import ApiKey, read_api_key
@@ -51,6 +52,12 @@ def api_connection(
         yield base_url, None
 
 
+def max_request_usd(endpoints: list[dict[str, Any]], max_tokens: int) -> float:
+    """An upper bound on one request's output cost: the dearest kept endpoint at max_tokens."""
+    prices = [float((e.get("pricing") or {}).get("completion") or 0) for e in endpoints]
+    return max(prices, default=0.0) * max_tokens
+
+
 def write_providers(config: dict[str, Any], out_path: Path, emulator_log: Path | None = None) -> None:
     with api_connection(config, emulator_log) as (base_url, key):
         providers = fetch_providers(base_url, config["api"]["model"], key, routing_policy(config))
@@ -70,6 +77,7 @@ def run_generation(
     journal_dir: Path,
     fingerprint: str,
     output_token_budget: int,
+    usd_budget: float,
     emulator_log: Path | None = None,
     threads: int = 1,
 ) -> GenerationSummary:
@@ -93,6 +101,9 @@ def run_generation(
             max_attempts=gen["max_attempts"],
             request_timeout_s=gen["request_timeout_s"],
             output_token_budget=output_token_budget,
+            usd_budget=usd_budget,
+            usd_spent_before=journaled_dollars(journal_dir.parent.parent),
+            expected_request_usd=max_request_usd(providers["kept"], gen["max_tokens"]),
             stream=gen["stream"],
             return_token_ids=gen["return_token_ids"],
         )

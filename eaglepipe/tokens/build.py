@@ -1,8 +1,9 @@
 """Rebuild each sample's token ids: the rendered prompt, then the completion.
 
-Completion ids come from the server when it returned them (checked to decode to the returned text), else
-from re-encoding the text. Both are checked against the billed token counts; a sample whose counts
-disagree is dropped (or kept, per `tokens.on_mismatch`) and every such case is counted in `tokens.json`.
+Completion ids come from the server when it returned them and they decode to the returned text (then
+they are the truth, whatever the bill says), else from re-encoding the text; a re-encoded sample whose
+length differs from the billed `completion_tokens` is dropped (or kept, per `tokens.on_mismatch`). Both
+kinds are compared with the bill, and prompt lengths with the billed `prompt_tokens`, in `tokens.json`.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def rebuild_sample(prompt: dict[str, Any], record: dict[str, Any], tokenizer: An
     response, usage = record["response"], record.get("usage") or {}
     if response.get("reasoning"):
         raise TokensError(
-            f"prompt {prompt['id']}: the response carries reasoning, which this target's template cannot "
-            "render; use a reasoning target's tokenizer (see the exact-token-ids stage docs)"
+            f"prompt {prompt['id']}: the response carries reasoning, which this stage cannot tokenize yet; "
+            "generate without reasoning (generation.reasoning: {enabled: false}) for this target"
         )
     prompt_ids = render_prompt_ids(tokenizer, prompt["messages"], prompt.get("tools"))
     truncated = response.get("finish_reason") == "length"
@@ -148,6 +149,7 @@ def build_tokens(
         if reason is None and sample.method is Method.RETOKENIZED_COUNT_MISMATCH and on_mismatch == "drop":
             reason = "completion_count_mismatch"
         if reason:
+            log.warning("prompt %s: dropped (%s)", sample.prompt_id, reason)
             stats.count(stats.dropped, reason)
             continue
         stats.rows.append(sample.prompt_id)
@@ -158,7 +160,9 @@ def build_tokens(
         methods.append(int(sample.method))
 
     if not stats.rows:
-        raise TokensError(f"{responses_path}: no sample survived validation ({stats.dropped}); see the log")
+        raise TokensError(
+            f"{responses_path}: no sample survived validation ({stats.dropped}); see this job's log"
+        )
     tensors = {
         "input_ids": torch.tensor(input_ids, dtype=torch.int32),
         "loss_mask": torch.tensor(loss_mask, dtype=torch.uint8),
