@@ -39,7 +39,12 @@ def test_no_key_file_configured(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("text", "problem"),
-    [(None, "does not exist"), ("\n  \n", "is empty"), (f"{SECRET}\nsecond", "more than")],
+    [
+        (None, "does not exist"),
+        ("\n  \n", "is empty"),
+        (f"{SECRET}\nsecond", "more than"),
+        (f"{SECRET}\x7f", "non-printable"),  # an HTTP library would quote it in its own error
+    ],
 )
 def test_bad_key_file_names_path_not_key(tmp_path: Path, text: str | None, problem: str) -> None:
     path = tmp_path / "missing.key" if text is None else key_file(tmp_path, text)
@@ -60,3 +65,10 @@ def test_loose_permissions_warn_without_the_key(tmp_path: Path, caplog: pytest.L
     with caplog.at_level(logging.WARNING):
         read_api_key(str(path))
     assert caplog.text == ""
+
+
+def test_a_key_given_where_the_file_belongs_is_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENROUTER_KEY_FILE", SECRET)
+    with pytest.raises(OpenRouterError) as info:
+        read_api_key(None)
+    assert "holds a key, not a path" in str(info.value) and SECRET not in str(info.value)
