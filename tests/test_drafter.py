@@ -33,7 +33,8 @@ from eaglepipe.drafter.train import (
     ttt_loss,
 )
 from eaglepipe.drafter.vocab import build_draft_vocab
-from eaglepipe.hidden.extract import default_aux_layers, file_sha256
+from eaglepipe.hidden.extract import default_aux_layers
+from eaglepipe.io import file_sha256
 from eaglepipe.target.chat import render_prompt_ids, stop_token_id
 from eaglepipe.target.load import load_target
 

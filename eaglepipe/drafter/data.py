@@ -17,7 +17,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from eaglepipe.drafter import DrafterError
-from eaglepipe.hidden.extract import file_sha256
+from eaglepipe.io import file_sha256
 
 SHARD_TENSORS = ("aux", "final", "input_ids", "loss_mask", "offsets")
 

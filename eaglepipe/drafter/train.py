@@ -27,7 +27,7 @@ from eaglepipe.drafter.export import export_drafter
 from eaglepipe.drafter.frozen import load_target_embeddings, read_target_config
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.vocab import build_draft_vocab
-from eaglepipe.hidden.extract import file_sha256
+from eaglepipe.io import file_sha256
 
 STEP_WEIGHT = 0.8  # loss weight of unroll step i is STEP_WEIGHT ** i
 LOSS_CURVE_POINTS = 20

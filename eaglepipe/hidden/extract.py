@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from eaglepipe.io import atomic_write, write_json
+from eaglepipe.io import atomic_write, file_sha256, write_json
 from eaglepipe.target.load import load_target
 
 log = logging.getLogger(__name__)
@@ -55,14 +55,6 @@ def plan_shards(offsets: list[int], shard_tokens: int) -> list[ShardPlan]:
             plans.append(ShardPlan(len(plans), first, row + 1))
             first = row + 1
     return plans
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def model_identity(target_dir: Path, target_name: str) -> dict[str, Any]:
