@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -24,6 +23,7 @@ from eaglepipe.emulator.app import Emulator, build_app
 from eaglepipe.emulator.engine import Engine
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.providers import load_endpoints
+from eaglepipe.io import atomic_write
 from eaglepipe.target.load import load_target
 
 log = logging.getLogger("eaglepipe.emulator")
@@ -88,13 +88,6 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text)
-    os.replace(partial, path)
-
-
 async def _serve(app: object, sock: socket.socket, host: str, port_file: Path | None) -> None:
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=3)
@@ -105,7 +98,7 @@ async def _serve(app: object, sock: socket.socket, host: str, port_file: Path | 
     if server.started:
         port = sock.getsockname()[1]
         if port_file is not None:
-            _write_atomically(port_file, f"{port}\n")
+            atomic_write(port_file, lambda tmp: tmp.write_text(f"{port}\n"))
         print(f"emulator listening on http://{host}:{port}/api/v1", flush=True)
     try:
         await serving
