@@ -34,7 +34,10 @@ def snakemake_job(smk: Any) -> Iterator[logging.Logger]:
 
 
 def _cap_threads(threads: int) -> None:
-    """Parallel CPU jobs must not each grab every core."""
+    """Parallel CPU jobs must not each grab every core. Only jobs whose stage already imported torch
+    compute with it; the others (prompts, providers, the generation client) skip its start-up cost."""
+    if "torch" not in sys.modules:
+        return
     import torch
 
     from eaglepipe.target.load import flush_denormals
