@@ -193,7 +193,8 @@ def extract_hidden(
         if _existing_key(path) == key:
             log.info("%s: reused (same tokens, model and layers)", path)
         else:
-            model = model or load_target(target_dir, dtype=dtype, device=device)[0]
+            if model is None:  # loaded only when some shard must be computed
+                model = load_target(target_dir, dtype=dtype, device=device)[0]
             _write_shard(model, tokens, plan, path, key, layers, prompt_ids, batch_tokens, storage_dtype)
         entries.append(_entry(path, plan, offsets, relative_to=Path(manifest_path).parent))
     manifest = {
