@@ -15,7 +15,8 @@ import pytest
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.fingerprint import request_fingerprint
-from eaglepipe.openrouter.journal import RECORDS_FILE, journaled_dollars, read_records
+from eaglepipe.openrouter.journal import RECORDS_FILE, read_records
+from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
 from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import read_api_key
@@ -50,7 +51,7 @@ def write_prompts(folder: Path, prompts: list[dict[str, Any]]) -> Path:
 
 @pytest.fixture
 def prompts_path(tmp_path: Path) -> Path:
-    return write_prompts(tmp_path, PROMPTS)
+    return write_prompts(tmp_path / "results" / "demo", PROMPTS)
 
 
 def settings_for(base_url: str, provider_obj: dict[str, Any] | None, **changes: Any) -> GenerationSettings:
@@ -127,7 +128,8 @@ def test_budget_stop_then_resume_requests_each_prompt_once(
     folder = prompts_path.parent
     before = billed(emulator_url)
     # The token budget completes a set: its responses so far are written, and the summary says why.
-    small_budget = settings_for(emulator_url, provider_obj, concurrency=1, output_token_budget=6)
+    # Until answers are seen each request is expected at max_tokens (4): a third would pass 10 tokens.
+    small_budget = settings_for(emulator_url, provider_obj, concurrency=1, output_token_budget=10)
     stopped = generate(prompts_path, small_budget)
     assert stopped.ended_because == "token_budget" and stopped.done == 2
     assert [record["prompt_id"] for record in responses(folder)] == ["p0", "p1"]
@@ -146,15 +148,16 @@ def test_changed_fingerprint_does_not_reuse_old_records(
     emulator_url: str, provider_obj: dict[str, Any], tmp_path: Path
 ) -> None:
     prompts = PROMPTS[:3]
-    path = write_prompts(tmp_path, prompts)
+    folder = tmp_path / "results" / "demo"
+    path = write_prompts(folder, prompts)
     generate(path, settings_for(emulator_url, provider_obj))
     before = billed(emulator_url)
     shorter = settings_for(emulator_url, provider_obj, max_tokens=3)
     summary = generate(path, shorter)
     assert summary.resumed == 0 and billed(emulator_url) - before == len(prompts)
-    assert {record["fingerprint"] for record in responses(tmp_path)} == {shorter.fingerprint}
-    assert all(record["usage"]["completion_tokens"] == 3 for record in responses(tmp_path))
-    assert len(read_records(tmp_path / ".journal")) == 2 * len(prompts), "old records stay on disk"
+    assert {record["fingerprint"] for record in responses(folder)} == {shorter.fingerprint}
+    assert all(record["usage"]["completion_tokens"] == 3 for record in responses(folder))
+    assert len(read_records(folder / ".journal")) == 2 * len(prompts), "old records stay on disk"
 
     summary = generate(path, settings_for(emulator_url, provider_obj))
     assert summary.resumed == len(prompts) and billed(emulator_url) - before == len(prompts)
@@ -165,7 +168,7 @@ def test_streaming_and_plain_give_the_same_greedy_answer(
 ) -> None:
     answers = {}
     for stream in (False, True):
-        folder = tmp_path / f"stream-{stream}"
+        folder = tmp_path / f"stream-{stream}" / "results" / "demo"
         generate(
             write_prompts(folder, PROMPTS[:3]),
             settings_for(emulator_url, provider_obj, stream=stream, concurrency=1),
@@ -180,14 +183,15 @@ def test_permanent_failure_is_recorded_not_kept(
     emulator_url: str, provider_obj: dict[str, Any], tmp_path: Path
 ) -> None:
     bad = {"id": "bad", "messages": [{"role": "narrator", "content": "no such role"}]}
-    path = write_prompts(tmp_path, [*PROMPTS[:2], bad])
+    folder = tmp_path / "results" / "demo"
+    path = write_prompts(folder, [*PROMPTS[:2], bad])
     # A 400 is a final answer: recorded in the summary, absent from the responses, not blocking the set.
     generate(path, settings_for(emulator_url, provider_obj))
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((folder / "summary.json").read_text())
     assert summary["ended_because"] == "all_done"
     assert summary["failed_permanent"] == 1 and summary["failures"][0]["status"] == 400
-    assert sorted(record["prompt_id"] for record in read_records(tmp_path / ".journal")) == ["p0", "p1"]
-    assert [record["prompt_id"] for record in responses(tmp_path)] == ["p0", "p1"]
+    assert sorted(record["prompt_id"] for record in read_records(folder / ".journal")) == ["p0", "p1"]
+    assert [record["prompt_id"] for record in responses(folder)] == ["p0", "p1"]
 
 
 def test_unreachable_server_is_retried_then_left_to_resume(prompts_path: Path) -> None:
@@ -263,7 +267,7 @@ def test_dollar_budget_counts_the_whole_run_and_stops_before_passing_it(
 ) -> None:
     first = write_prompts(tmp_path / "results" / "set-a", PROMPTS[:3])
     done = generate(first, settings_for(emulator_url, provider_obj))
-    spent_by_a = journaled_dollars(tmp_path / "results")
+    spent_by_a = read_ledger(tmp_path / "results").usd
     assert spent_by_a == pytest.approx(done.dollars) and spent_by_a > 0
     per_request = spent_by_a / 3
 
@@ -271,11 +275,11 @@ def test_dollar_budget_counts_the_whole_run_and_stops_before_passing_it(
     second = write_prompts(tmp_path / "results" / "set-b", PROMPTS[3:])
     capped = settings_for(
         emulator_url, provider_obj, concurrency=1, usd_budget=per_request * 5.5,
-        usd_spent_before=spent_by_a, expected_request_usd=per_request,
+        expected_request_usd=per_request,
     )
     before = billed(emulator_url)
     with pytest.raises(OpenRouterError, match=r"ended by dollar_budget .*raise budget.usd"):
         generate(second, capped)
     assert billed(emulator_url) - before == 2
-    assert journaled_dollars(tmp_path / "results") <= per_request * 5.5
+    assert read_ledger(tmp_path / "results").usd <= per_request * 5.5
     assert json.loads((second.parent / "summary.json").read_text())["ended_because"] == "dollar_budget"

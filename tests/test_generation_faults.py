@@ -148,12 +148,17 @@ def run(server: ScriptedServer, scripts: list[str], journal: Path, **changes: An
             "concurrency": 1,
             "max_attempts": 4,
             "backoff_base_s": 0.01,
+            "stream": False,
+            "recovery_wait_s": 0.0,
+            "progress": False,
             **changes,
         }
     )
 
     async def generate() -> GenerationSummary:
-        return await generate_set(prompts, settings=settings, api_key=None, journal_dir=journal)
+        return await generate_set(
+            prompts, settings=settings, api_key=None, journal_dir=journal, results_dir=journal, dataset="s"
+        )
 
     return anyio.run(generate)
 

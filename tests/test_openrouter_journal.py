@@ -11,7 +11,7 @@ import pytest
 
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.fingerprint import request_fingerprint
-from eaglepipe.openrouter.journal import RECORDS_FILE, Journal, load_done, read_records
+from eaglepipe.openrouter.journal import RECORDS_FILE, load_done, open_journal, read_records
 
 
 def record(prompt_id: str, fingerprint: str = "f1") -> dict[str, Any]:
@@ -24,7 +24,7 @@ def record(prompt_id: str, fingerprint: str = "f1") -> dict[str, Any]:
 
 def append_all(journal_dir: Path, records: list[dict[str, Any]]) -> None:
     async def write() -> None:
-        async with Journal(journal_dir) as journal:
+        async with open_journal(journal_dir) as journal:
             for item in records:
                 await journal.append(item)
 
@@ -58,7 +58,7 @@ def test_corrupt_middle_line_is_reported_with_its_number(tmp_path: Path) -> None
 
 def test_append_completes_inside_a_cancelled_scope(tmp_path: Path) -> None:
     async def cancelled_write() -> None:
-        async with Journal(tmp_path) as journal:
+        async with open_journal(tmp_path) as journal:
             with anyio.CancelScope() as scope:
                 scope.cancel()
                 await journal.append(record("a"))

@@ -1,26 +1,37 @@
 """Sending a prompt set to an OpenRouter-compatible API, each finished prompt journaled before it counts.
 
 A fixed pool of `concurrency` workers reads prompts from a bounded stream; the feeder admits a prompt
-only when a slot is free, the run is not stopping and the token budget allows it. Failures are sorted
-by what helps: transient ones are retried, permanent ones recorded, and 401/402/404 stop new requests
-while those in flight finish, so everything paid for is kept and a rerun resumes.
+only when the live concurrency has room, the run is not stopping and the budgets allow it (see
+`budget.py`). Once a second a housekeeping tick re-reads the run-wide ledger, beats this job's heartbeat,
+splits the run's concurrency among the jobs running now, adapts it to 429s and redraws the progress line.
+Failures are sorted by what helps: transient ones are retried, permanent ones recorded, and 401/402/404
+stop new requests while those in flight finish, so everything paid for is kept and a rerun resumes.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from eaglepipe.openrouter.appendlog import AppendLog
+from eaglepipe.openrouter.budget import Estimate
+from eaglepipe.openrouter.concurrency import AdaptiveLimit
 from eaglepipe.openrouter.errors import OpenRouterError, one_line
-from eaglepipe.openrouter.journal import Journal, load_done
+from eaglepipe.openrouter.journal import load_done, open_journal, read_records
+from eaglepipe.openrouter.ledger import Heartbeat, OtherJobs, RunLedger
+from eaglepipe.openrouter.progress import ProgressLine, ProviderStats, format_eta, provider_table
+from eaglepipe.openrouter.recovery import check_key, recover_generations
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
 
@@ -34,7 +45,9 @@ STOPPING_STATUSES = {
 }
 # Measured at 500 in flight: 500 idle keep-alive connections cost httpx ~5x the CPU per response of 100.
 MAX_KEEPALIVE_CONNECTIONS = 100
-PROGRESS_INTERVAL_S = 5.0
+TICK_S = 1.0
+LOG_PROGRESS_EVERY_S = 30.0
+KEY_CHECK_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -42,7 +55,8 @@ class GenerationSettings:
     """One prompt set's request shape and run limits. `fingerprint` is computed by the caller from the
     configured server identity (see `request_fingerprint`), since `base_url` may carry a per-run port.
     `output_token_budget` caps the set's completion tokens, resumed ones included, so a plain rerun of a
-    set stopped by its budget does not spend a second budget."""
+    set stopped by its budget does not spend a second budget. `concurrency` and `usd_budget` hold for the
+    whole run: jobs running at once split the first and share the second through the ledger."""
 
     base_url: str
     model: str
@@ -50,20 +64,24 @@ class GenerationSettings:
     max_tokens: int
     sampling: dict[str, Any] = field(default_factory=dict)
     provider_obj: dict[str, Any] | None = None
+    # Display names (as responses report them) of the endpoints routing kept; empty = any server.
+    allowed_providers: tuple[str, ...] = ()
     reasoning: dict[str, Any] | None = None
     concurrency: int = 16
     max_attempts: int = 5
     request_timeout_s: float = 600.0
     output_token_budget: int | None = None
-    # Run-wide dollars: the cap, what the run had spent before this job, and what one request is expected
-    # to cost until this job has observed some (an upper bound from prices and max_tokens).
     usd_budget: float | None = None
-    usd_spent_before: float = 0.0
+    # An upper bound on one request's cost, used until answers are seen (dearest price x max_tokens).
     expected_request_usd: float = 0.0
-    stream: bool = False
+    max_failed_fraction: float = 0.0
+    stream: bool = True
     return_token_ids: bool = False
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
+    # How long to wait for `GET /generation` to know a request that was cut off or killed.
+    recovery_wait_s: float = 10.0
+    progress: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "concurrency", "max_attempts"):
@@ -107,6 +125,19 @@ class GenerationSummary:
     dollars: float = 0.0
     ended_because: str = "all_done"
     message: str = ""
+    # Run-wide dollars per the ledger when the set ended, and this job's billed requests by outcome.
+    run_dollars: float = 0.0
+    billed_by_outcome: dict[str, int] = field(default_factory=dict)
+    errors_by_class: dict[str, int] = field(default_factory=dict)
+    recovered: int = 0
+    unresolved: int = 0
+    concurrency_lowest: int = 0
+    concurrency_cuts: int = 0
+    # The key's own usage before and after (GET /key), to reconcile with the ledger.
+    key_usage_start: float | None = None
+    key_usage_end: float | None = None
+    job_ledger_dollars: float = 0.0
+    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -114,58 +145,98 @@ class GenerationSummary:
 
 
 async def generate_set(
-    prompts: list[dict[str, Any]], *, settings: GenerationSettings, api_key: ApiKey | None, journal_dir: Path
+    prompts: list[dict[str, Any]],
+    *,
+    settings: GenerationSettings,
+    api_key: ApiKey | None,
+    journal_dir: Path,
+    results_dir: Path,
+    dataset: str,
 ) -> GenerationSummary:
     """Generate every prompt not yet journaled under `settings.fingerprint`; never raises for failed
     requests (the summary says what happened), only for unusable input."""
-    run = _Run(settings, GenerationSummary(requested=len(prompts)))
-    reusable = load_done(journal_dir, settings.fingerprint)
-    todo = []
-    seen: set[str] = set()
-    for prompt in prompts:
-        if prompt["id"] in seen:
-            raise OpenRouterError(
-                f"prompt id {prompt['id']} appears twice in the set: rebuild the prompt set"
-            )
-        seen.add(prompt["id"])
-        if prompt["id"] in reusable:
-            run.count_done(reusable[prompt["id"]], resumed=True)
-        else:
-            todo.append(prompt)
+    run = _Run(settings, GenerationSummary(requested=len(prompts)), dataset)
+    todo = run.resume(prompts, load_done(journal_dir, settings.fingerprint))
     log.info(
-        "generating %d of %d prompts (%d resumed), fingerprint %s, concurrency %d",
+        "%s: generating %d of %d prompts (%d resumed), fingerprint %s, concurrency %d, %s",
+        dataset,
         len(todo),
         len(prompts),
         run.summary.resumed,
         settings.fingerprint,
         settings.concurrency,
+        "streamed" if settings.stream else "not streamed",
     )
+    heartbeat = Heartbeat(results_dir, dataset)
     async with (
         _http_client(settings, api_key) as http,
-        Journal(journal_dir) as journal,
-        anyio.create_task_group() as progress,
+        open_journal(journal_dir) as journal,
+        RunLedger(results_dir, dataset) as ledger,
     ):
-        progress.start_soon(_log_progress, run)
-        await _feed_workers(todo, http, journal, run)
-        progress.cancel_scope.cancel()
+        run.ledger, run.http = ledger, http
+        await _settle_earlier_runs(run, journal_dir)
+        await _check_key(run)
+        try:
+            async with anyio.create_task_group() as housekeeping:
+                housekeeping.start_soon(_tick_forever, run, heartbeat)
+                await _feed_workers(todo, http, journal, run)
+                housekeeping.cancel_scope.cancel()
+        finally:
+            heartbeat.remove()
+        await _recover(run, at_end=True)
+        key = await check_key(http)
+        run.summary.key_usage_end = key.usage if key else None
     run.finish()
-    log.info("generation ended (%s): %s", run.summary.ended_because, run.progress_line())
+    if settings.progress:
+        run.progress.close(run.progress_line())
+    log.info("%s: generation ended (%s): %s", dataset, run.summary.ended_because, run.progress_line())
+    if run.provider_stats:
+        log.info("%s: per provider\n%s", dataset, provider_table(run.provider_stats))
     return run.summary
 
 
 class _Run:
-    """Counters shared by the feeder, the workers and the progress log (one event loop: no locks)."""
+    """State shared by the feeder, the workers and the housekeeping tick (one event loop: no locks)."""
 
-    def __init__(self, settings: GenerationSettings, summary: GenerationSummary) -> None:
+    def __init__(self, settings: GenerationSettings, summary: GenerationSummary, dataset: str) -> None:
         self.settings = settings
         self.summary = summary
-        self.slots = anyio.Semaphore(settings.concurrency)
+        self.dataset = dataset
+        self.ledger: RunLedger | None = None
+        self.http: httpx.AsyncClient | None = None
+        self.limit = AdaptiveLimit(settings.concurrency)
+        self.others = OtherJobs()
+        self.changed = anyio.Event()
         self.stopping = anyio.Event()
         self.stop_reason: str | None = None
         self.in_flight = 0
+        self.stale_unresolved: set[str] = set()
+        self.tokens = Estimate(settings.max_tokens)
+        self.dollars = Estimate(settings.expected_request_usd)
         self.tokens_this_run = 0
         self.dollars_this_run = 0.0
+        self.errors: Counter[str] = Counter()
+        self.provider_stats: dict[str, ProviderStats] = {}
+        self.progress = ProgressLine()
         self.started = time.monotonic()
+
+    # --- accounting ------------------------------------------------------------------------------
+
+    def resume(
+        self, prompts: list[dict[str, Any]], reusable: dict[str, dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        todo, seen = [], set()
+        for prompt in prompts:
+            if prompt["id"] in seen:
+                raise OpenRouterError(
+                    f"prompt id {prompt['id']} appears twice in the set: rebuild the prompt set"
+                )
+            seen.add(prompt["id"])
+            if prompt["id"] in reusable:
+                self.count_done(reusable[prompt["id"]], resumed=True)
+            else:
+                todo.append(prompt)
+        return todo
 
     def count_done(self, record: dict[str, Any], *, resumed: bool) -> None:
         usage = record.get("usage") or {}
@@ -177,11 +248,24 @@ class _Run:
         self.summary.completion_tokens += tokens
         self.summary.dollars += cost
         self.summary.truncated += record["response"]["finish_reason"] == "length"
+        self.tokens.add(tokens)
+        self.dollars.add(cost)
         if resumed:
             self.summary.resumed += 1
         else:
             self.tokens_this_run += tokens
             self.dollars_this_run += cost
+            self.provider(record.get("provider")).add_response(record)
+        self.notify()
+
+    def provider(self, name: str | None) -> ProviderStats:
+        return self.provider_stats.setdefault(name or "(unnamed)", ProviderStats())
+
+    def count_error(self, failure: RequestFailed) -> None:
+        self.errors[failure.error_class] += 1
+        self.limit.record(rate_limited=failure.status == 429)
+        if failure.provider:
+            self.provider(failure.provider).errors += 1
 
     def count_failure(
         self, prompt_id: str, failure: RequestFailed, attempts: int, *, permanent: bool
@@ -207,54 +291,122 @@ class _Run:
             self.stop_reason = reason
             self.summary.message = message
             self.stopping.set()
+            self.notify()
             log.warning("stopping new requests: %s", message)
 
-    def budget_reached(self) -> bool:
-        """Done tokens plus what the requests in flight are expected to produce (max_tokens until responses
-        are seen, then their mean) have reached the budget."""
-        budget = self.settings.output_token_budget
-        if budget is None:
-            return False
-        done = self.summary.done
-        expected = self.summary.completion_tokens / done if done else self.settings.max_tokens
-        return self.summary.completion_tokens + self.in_flight * expected >= budget
+    def notify(self) -> None:
+        """Wake the feeder: a slot, a budget or the live limit may have changed."""
+        self.changed.set()
+        self.changed = anyio.Event()
 
-    def dollars_reached(self) -> bool:
-        """The run's spend plus what the requests in flight and the next one are expected to cost (their
-        observed mean, else the configured upper bound) would pass `usd_budget`."""
-        budget = self.settings.usd_budget
-        if budget is None:
-            return False
-        new = self.summary.done - self.summary.resumed
-        expected = self.dollars_this_run / new if new else self.settings.expected_request_usd
-        spent = self.settings.usd_spent_before + self.dollars_this_run
-        return spent + (self.in_flight + 1) * expected > budget
+    # --- admission -------------------------------------------------------------------------------
+
+    async def admit(self) -> bool:
+        """Wait until one more request may go out; False once the run stops admitting."""
+        while self.stop_reason is None:
+            if self.in_flight < self.limit.current:
+                verdict = self._budget_verdict()
+                if verdict is None:
+                    self.in_flight += 1
+                    return True
+                if verdict[0] != "wait":
+                    self.stop(*verdict)
+                    break
+            await self.changed.wait()
+        return False
+
+    def _budget_verdict(self) -> tuple[str, str] | None:
+        """None to admit, ("wait", "") while requests in flight may leave room, else (reason, message)."""
+        settings = self.settings
+        budget = settings.output_token_budget
+        if (
+            budget is not None
+            and self.summary.completion_tokens + self.tokens.committed(self.in_flight) > budget
+        ):
+            if self.in_flight:
+                return "wait", ""
+            return "token_budget", (
+                f"output_token_budget {budget} reached "
+                f"({self.summary.completion_tokens} completion tokens done)"
+            )
+        if settings.usd_budget is not None and self.ledger is not None:
+            spent = self.ledger.view.refresh().usd
+            committed = spent + self.reserved_elsewhere() + self.dollars.committed(self.in_flight)
+            if committed > settings.usd_budget:
+                if self.in_flight or self.others.in_flight:
+                    return "wait", ""
+                return "dollar_budget", (
+                    f"budget.usd {settings.usd_budget:g} reached (${spent:.4f} spent by the run): "
+                    "raise budget.usd to go on"
+                )
+        return None
+
+    def reserved_elsewhere(self) -> float:
+        """Dollars other jobs have in flight, plus requests cut off in earlier runs of this set and not yet
+        found in `/generation` (each at the mean cost)."""
+        stale = len(self.stale_unresolved.intersection(self.ledger.view.unresolved)) if self.ledger else 0
+        return self.others.expected_usd_in_flight + stale * self.dollars.mean
+
+    # --- end -------------------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """Permanent failures (400/403) are final answers, recorded in the summary; transient ones leave
-        the set unfinished, for a rerun to retry."""
-        transient = [failure for failure in self.summary.failures if not failure["permanent"]]
+        """Permanent failures (400/403) are final answers; transient ones leave the set unfinished for a
+        rerun to retry, unless `max_failed_fraction` of the set may stay unanswered."""
+        summary = self.summary
+        summary.errors_by_class = dict(self.errors)
+        summary.concurrency_lowest = self.limit.lowest
+        summary.concurrency_cuts = self.limit.cuts
+        summary.providers = {name: stats.row() for name, stats in sorted(self.provider_stats.items())}
+        if self.ledger is not None:
+            view = self.ledger.view.refresh()
+            summary.run_dollars = view.usd
+            summary.unresolved = len(view.unresolved_of(self.dataset))
+        transient = [failure for failure in summary.failures if not failure["permanent"]]
         if self.stop_reason is not None:
-            self.summary.ended_because = self.stop_reason
-        elif transient:
+            summary.ended_because = self.stop_reason
+        elif len(transient) > self.settings.max_failed_fraction * summary.requested:
             first = transient[0]
-            self.summary.ended_because = "failures"
-            self.summary.message = (
+            summary.ended_because = "failures"
+            summary.message = (
                 f"{len(transient)} prompt(s) failed transiently, first {first['prompt_id']}: {first['error']}"
             )
 
     def progress_line(self) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
+        summary, new = self.summary, self.summary.done - self.summary.resumed
+        left = summary.requested - summary.done - summary.failed_permanent - summary.failed_transient
+        rate = new / elapsed
+        eta = left / rate if rate > 0 else None
+        spent = self.ledger.view.usd if self.ledger else self.dollars_this_run
+        projected = spent + left * self.dollars.mean
+        errors = " ".join(f"{name}={count}" for name, count in sorted(self.errors.items())) or "none"
         return (
-            f"{self.summary.done}/{self.summary.requested} done, {self.tokens_this_run / elapsed:.0f} tok/s, "
-            f"${self.dollars_this_run:.4f} this run, {self.in_flight} in flight"
+            f"{self.dataset}: {summary.done}/{summary.requested} done, "
+            f"{self.tokens_this_run / elapsed:.0f} tok/s, "
+            f"${spent:.2f} spent by the run (projected ${projected:.2f}), {self.in_flight} in flight "
+            f"(limit {self.limit.current}), errors {errors}, ETA {format_eta(eta)}"
         )
 
 
-async def _log_progress(run: _Run) -> None:
+async def _tick_forever(run: _Run, heartbeat: Heartbeat) -> None:
+    last_log = last_key_check = time.monotonic()
     while True:
-        await anyio.sleep(PROGRESS_INTERVAL_S)
-        log.info("%s", run.progress_line())
+        await anyio.sleep(TICK_S)
+        expected = run.in_flight * run.dollars.in_flight_mean
+        await anyio.to_thread.run_sync(heartbeat.beat, run.in_flight, expected)
+        run.others = heartbeat.others()
+        run.limit.set_ceiling(run.settings.concurrency // (1 + run.others.count))
+        run.limit.tick()
+        run.notify()
+        now = time.monotonic()
+        if run.settings.progress:
+            run.progress.show(run.progress_line(), now)
+        if now - last_log >= LOG_PROGRESS_EVERY_S:
+            last_log = now
+            log.info("%s", run.progress_line())
+        if now - last_key_check >= KEY_CHECK_EVERY_S:
+            last_key_check = now
+            await _check_key(run)
 
 
 def _http_client(settings: GenerationSettings, api_key: ApiKey | None) -> httpx.AsyncClient:
@@ -263,7 +415,7 @@ def _http_client(settings: GenerationSettings, api_key: ApiKey | None) -> httpx.
         max_keepalive_connections=min(settings.concurrency, MAX_KEEPALIVE_CONNECTIONS),
     )
     return httpx.AsyncClient(
-        base_url=settings.base_url,
+        base_url=settings.base_url.rstrip("/") + "/",
         headers=api_key.authorization_header() if api_key else {},
         limits=limits,
         # Read = the longest gap between bytes; no pool timeout: admission already caps waiting requests.
@@ -271,40 +423,98 @@ def _http_client(settings: GenerationSettings, api_key: ApiKey | None) -> httpx.
     )
 
 
+async def _settle_earlier_runs(run: _Run, journal_dir: Path) -> None:
+    """Before spending: charge journaled answers a killed job never entered in the ledger, and look up
+    requests it left in flight."""
+    assert run.ledger is not None
+    view = run.ledger.view.refresh()
+    for record in read_records(journal_dir):
+        generation_id = record.get("generation_id")
+        if generation_id and generation_id not in view.resolved:
+            usage = record.get("usage") or {}
+            await run.ledger.billed(
+                record["prompt_id"],
+                generation_id,
+                usd=usage.get("cost") or 0.0,
+                outcome="kept",
+                completion_tokens=usage.get("completion_tokens"),
+                provider=record.get("provider"),
+            )
+            view.resolved.add(generation_id)
+    run.stale_unresolved = {record["generation_id"] for record in view.refresh().unresolved_of(run.dataset)}
+    if run.stale_unresolved:
+        await _recover(run, at_end=False)
+
+
+async def _recover(run: _Run, *, at_end: bool) -> None:
+    """Charge requests of this set that were cut off (here, or in flight at a kill) per `/generation`.
+    At the start only what `/generation` knows already; at the end, waiting up to `recovery_wait_s`
+    (OpenRouter answers 404 for a while after a generation ends), this job's own cut-off requests that
+    are still unknown are closed as `not_found`; those of killed runs stay open for the next run."""
+    assert run.ledger is not None and run.http is not None
+    pending = run.ledger.view.refresh().unresolved_of(run.dataset)
+    if not pending:
+        return
+    wait_s = run.settings.recovery_wait_s if at_end else 0.0
+    found = await recover_generations(
+        run.http, [record["generation_id"] for record in pending], wait_s=wait_s
+    )
+    for record in pending:
+        generation = found.get(record["generation_id"])
+        if generation is None and (not at_end or record["generation_id"] in run.stale_unresolved):
+            continue
+        await run.ledger.billed(
+            record["prompt_id"],
+            record["generation_id"],
+            usd=generation["usd"] if generation else 0.0,
+            outcome="recovered" if generation else "not_found",
+            completion_tokens=generation["completion_tokens"] if generation else None,
+            provider=generation["provider"] if generation else None,
+        )
+        run.summary.recovered += generation is not None
+    run.ledger.view.refresh()
+    log.info(
+        "%s: %d cut-off request(s) looked up in /generation, %d found billed",
+        run.dataset,
+        len(pending),
+        len(found),
+    )
+
+
+async def _check_key(run: _Run) -> None:
+    """A key whose own limit is spent is out of credit, like a 402, even before any request says so."""
+    assert run.http is not None
+    key = await check_key(run.http)
+    if key is None:
+        return
+    if run.summary.key_usage_start is None:
+        run.summary.key_usage_start = key.usage
+    if key.limit_remaining is not None and key.limit_remaining < run.dollars.mean:
+        run.stop(
+            "credit_exhausted",
+            f"the key's limit_remaining is ${key.limit_remaining:.4f}, less than one request: "
+            "raise the key's limit or add credits, then rerun",
+        )
+
+
 async def _feed_workers(
-    todo: list[dict[str, Any]], http: httpx.AsyncClient, journal: Journal, run: _Run
+    todo: list[dict[str, Any]], http: httpx.AsyncClient, journal: AppendLog, run: _Run
 ) -> None:
     settings = run.settings
-    send, receive = anyio.create_memory_object_stream[dict[str, Any]](settings.concurrency)
+    send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
     async with anyio.create_task_group() as workers:
-        for _ in range(settings.concurrency):
+        for _ in range(min(settings.concurrency, len(todo))):
             workers.start_soon(_worker, receive.clone(), http, journal, run)
         receive.close()
         async with send:
             for prompt in todo:
-                await run.slots.acquire()
-                if run.stop_reason is None and run.budget_reached():
-                    run.stop(
-                        "token_budget",
-                        f"output_token_budget {settings.output_token_budget} reached "
-                        f"({run.summary.completion_tokens} completion tokens done)",
-                    )
-                if run.stop_reason is None and run.dollars_reached():
-                    run.stop(
-                        "dollar_budget",
-                        f"budget.usd {settings.usd_budget:g} reached "
-                        f"(${settings.usd_spent_before + run.dollars_this_run:.4f} spent by the run): "
-                        "raise budget.usd to go on",
-                    )
-                if run.stop_reason is not None:
-                    run.slots.release()
+                if not await run.admit():
                     break
-                run.in_flight += 1
                 await send.send(prompt)
 
 
 async def _worker(
-    prompts: MemoryObjectReceiveStream[dict[str, Any]], http: httpx.AsyncClient, journal: Journal, run: _Run
+    prompts: MemoryObjectReceiveStream[dict[str, Any]], http: httpx.AsyncClient, journal: AppendLog, run: _Run
 ) -> None:
     async with prompts:
         async for prompt in prompts:
@@ -312,44 +522,63 @@ async def _worker(
                 await _complete_prompt(prompt, http, journal, run)
             finally:
                 run.in_flight -= 1
-                run.slots.release()
+                run.notify()
 
 
 async def _complete_prompt(
-    prompt: dict[str, Any], http: httpx.AsyncClient, journal: Journal, run: _Run
+    prompt: dict[str, Any], http: httpx.AsyncClient, journal: AppendLog, run: _Run
 ) -> None:
     """Try until done, failed for good, or the run is stopping (then the prompt stays to resume)."""
-    settings = run.settings
+    settings, ledger = run.settings, run.ledger
+    assert ledger is not None
     request = settings.shared_request_fields()
     body = {"messages": prompt["messages"], **request}
     if prompt.get("tools"):
         body["tools"] = prompt["tools"]
+    allowed = {name.lower() for name in settings.allowed_providers}
+
+    async def started(generation_id: str) -> None:
+        await ledger.started(prompt["id"], generation_id)
+
     for attempt in range(1, settings.max_attempts + 1):
-        started = time.monotonic()
+        began = time.monotonic()
         try:
             with anyio.fail_after(settings.request_timeout_s):
                 if settings.stream:
-                    reply = await read_streamed_reply(http, body)
+                    reply = await read_streamed_reply(http, body, on_started=started)
                 else:
                     reply = await read_reply(http, body)
+            if allowed and str(reply.get("provider") or "").lower() not in allowed:
+                await _bill(ledger, prompt["id"], reply, outcome="discarded")
+                raise RequestFailed(
+                    None,
+                    f"served by {reply.get('provider')!r}, outside the allowlist: discarded",
+                    provider=reply.get("provider"),
+                    error_class="wrong_provider",
+                )
         except RequestFailed as failed:
             failure = failed
         except httpx.HTTPError as error:
             failure = RequestFailed(None, f"{type(error).__name__} {one_line(str(error))}".strip())
         except TimeoutError:
-            failure = RequestFailed(None, f"no complete answer within {settings.request_timeout_s:g} s")
+            failure = RequestFailed(
+                None, f"no complete answer within {settings.request_timeout_s:g} s", error_class="timeout"
+            )
         else:
             record = {
                 "prompt_id": prompt["id"],
                 "fingerprint": settings.fingerprint,
                 "request": request,
                 **reply,
-                "latency_s": round(time.monotonic() - started, 3),
+                "latency_s": round(time.monotonic() - began, 3),
                 "attempts": attempt,
             }
             await journal.append(record)
+            await _bill(ledger, prompt["id"], reply, outcome="kept")
             run.count_done(record, resumed=False)
             return
+        await _close_failed(ledger, prompt["id"], failure)
+        run.count_error(failure)
         if failure.status in STOPPING_STATUSES:
             reason, advice = STOPPING_STATUSES[failure.status]
             run.stop(reason, f"{failure} (prompt {prompt['id']}): {advice}")
@@ -367,6 +596,32 @@ async def _complete_prompt(
             return
 
 
+async def _bill(ledger: RunLedger, prompt_id: str, reply: dict[str, Any], *, outcome: str) -> None:
+    usage = reply.get("usage") or {}
+    await ledger.billed(
+        prompt_id,
+        reply.get("generation_id"),
+        usd=usage.get("cost") or 0.0,
+        outcome=outcome,
+        completion_tokens=usage.get("completion_tokens"),
+        provider=reply.get("provider"),
+    )
+
+
+async def _close_failed(ledger: RunLedger, prompt_id: str, failure: RequestFailed) -> None:
+    """A failure that carried a cost is charged. One that answered (HTTP error or an error in the body)
+    closes its `started` line at zero; a cut connection leaves it open for `/generation` to settle."""
+    answered = failure.status is not None or failure.error_class in {"error_in_200", "empty"}
+    if failure.generation_id and (answered or failure.cost):
+        await ledger.billed(
+            prompt_id,
+            failure.generation_id,
+            usd=failure.cost or 0.0,
+            outcome="error",
+            provider=failure.provider,
+        )
+
+
 def _backoff_s(attempt: int, failure: RequestFailed, settings: GenerationSettings) -> float:
     """The server's Retry-After when it gives one, else exponential; jitter keeps workers that failed
     together from retrying together. Capped: a longer wait is better spent by a rerun."""
@@ -375,4 +630,4 @@ def _backoff_s(attempt: int, failure: RequestFailed, settings: GenerationSetting
     else:
         exponential = settings.backoff_base_s * 2 ** (attempt - 1)
         delay = random.uniform(exponential / 2, exponential)
-    return min(delay, settings.backoff_max_s)
+    return min(delay, settings.backoff_max_s) if math.isfinite(delay) else settings.backoff_max_s

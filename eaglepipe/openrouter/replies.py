@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -20,13 +21,31 @@ RETRYABLE_STATUSES = {408, 429}
 
 
 class RequestFailed(Exception):
-    """One attempt failed; `status` None means no HTTP answer (connection, timeout, broken body)."""
+    """One attempt failed; `status` None means no HTTP answer (connection, timeout, broken body).
 
-    def __init__(self, status: int | None, detail: str, retry_after_s: float | None = None) -> None:
+    `error_class` groups failures for the progress line and the summary; `cost`, `generation_id` and
+    `provider` are kept when the failed answer reported them, so the ledger can charge it.
+    """
+
+    def __init__(
+        self,
+        status: int | None,
+        detail: str,
+        retry_after_s: float | None = None,
+        *,
+        error_class: str | None = None,
+        cost: float | None = None,
+        generation_id: str | None = None,
+        provider: str | None = None,
+    ) -> None:
         super().__init__(f"HTTP {status}: {detail}" if status is not None else detail)
         self.status = status
         self.detail = detail
         self.retry_after_s = retry_after_s
+        self.error_class = error_class or (f"http_{status}" if status is not None else "network")
+        self.cost = cost
+        self.generation_id = generation_id
+        self.provider = provider
 
     @property
     def transient(self) -> bool:
@@ -40,17 +59,18 @@ async def read_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str,
     try:
         data = response.json()
     except ValueError:
-        raise RequestFailed(None, "HTTP 200 whose body is not JSON") from None
+        raise RequestFailed(None, "HTTP 200 whose body is not JSON", error_class="error_in_200") from None
     if not isinstance(data, dict):
-        raise RequestFailed(None, "HTTP 200 whose body is not a JSON object")
+        raise RequestFailed(None, "HTTP 200 whose body is not a JSON object", error_class="error_in_200")
+    context = _FailureContext(data.get("id"), data.get("provider"), data.get("usage"))
     if data.get("error"):
-        raise _error_in_body(data["error"])
+        raise context.error_in_body(data["error"])
     choices = data.get("choices") or []
     if not choices:
-        raise RequestFailed(None, "HTTP 200 with no choices")
+        raise context.failed("HTTP 200 with no choices", "empty")
     choice = choices[0]
     if choice.get("finish_reason") == "error":
-        raise _error_in_body(choice.get("error") or {})
+        raise context.error_in_body(choice.get("error") or {})
     message = choice.get("message") or {}
     answer = {
         "content": message.get("content") or "",
@@ -63,12 +83,20 @@ async def read_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str,
     return _record_fields(answer, data.get("provider"), data.get("id"), data.get("usage"), response)
 
 
-async def read_streamed_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+async def read_streamed_reply(
+    http: httpx.AsyncClient,
+    body: dict[str, Any],
+    on_started: Callable[[str], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
+    """`on_started(generation_id)` is awaited as soon as the id is known (header or first chunk), so a
+    request cut off later can still be looked up and charged."""
     async with http.stream("POST", "chat/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
             raise _http_failure(response)
-        stream = _StreamedAnswer()
+        stream = _StreamedAnswer(response.headers.get("x-generation-id"))
+        if stream.generation_id and on_started:
+            await on_started(stream.generation_id)
         async for line in response.aiter_lines():
             # Blank lines separate events; ":" lines are keep-alive comments; only `data:` carries chunks.
             if not line.startswith("data:"):
@@ -80,34 +108,70 @@ async def read_streamed_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> 
                 chunk = json.loads(payload)
             except ValueError:
                 raise RequestFailed(None, "stream sent a data line that is not JSON") from None
+            first_id = stream.generation_id is None and chunk.get("id")
             stream.add(chunk)
+            if first_id and on_started:
+                await on_started(stream.generation_id)
+        if stream.finish_reason is None:
+            raise stream.context().failed("the stream ended without a finish_reason", "network")
         return _record_fields(stream.answer(), stream.provider, stream.generation_id, stream.usage, response)
+
+
+class _FailureContext:
+    """What a failed answer said about itself, carried into its RequestFailed for the ledger."""
+
+    def __init__(self, generation_id: str | None, provider: str | None, usage: dict[str, Any] | None) -> None:
+        self.generation_id = generation_id
+        self.provider = provider
+        self.cost = (usage or {}).get("cost")
+
+    def failed(self, detail: str, error_class: str, status: int | None = None) -> RequestFailed:
+        return RequestFailed(
+            status,
+            detail,
+            error_class=error_class,
+            cost=self.cost,
+            generation_id=self.generation_id,
+            provider=self.provider,
+        )
+
+    def error_in_body(self, error: Any) -> RequestFailed:
+        """An error inside an HTTP 200 keeps its own code, so a 402 mid-stream still stops the run."""
+        if not isinstance(error, dict):
+            return self.failed(f"error inside an HTTP 200: {one_line(str(error))}", "error_in_200")
+        code = error.get("code")
+        status = code if isinstance(code, int) and not isinstance(code, bool) else None
+        message = one_line(str(error.get("message") or error))
+        return self.failed(f"error inside an HTTP 200: {message}", "error_in_200", status)
 
 
 class _StreamedAnswer:
     """Accumulates the deltas of choice 0; usage arrives in the last chunk, with empty choices."""
 
-    def __init__(self) -> None:
+    def __init__(self, generation_id: str | None) -> None:
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.token_ids: list[int] | None = None
         self.finish_reason: str | None = None
         self.provider: str | None = None
-        self.generation_id: str | None = None
+        self.generation_id = generation_id
         self.usage: dict[str, Any] | None = None
 
+    def context(self) -> _FailureContext:
+        return _FailureContext(self.generation_id, self.provider, self.usage)
+
     def add(self, chunk: dict[str, Any]) -> None:
-        if chunk.get("error"):
-            raise _error_in_body(chunk["error"])
         self.generation_id = self.generation_id or chunk.get("id")
         self.provider = self.provider or chunk.get("provider")
         self.usage = chunk.get("usage") or self.usage
+        if chunk.get("error"):
+            raise self.context().error_in_body(chunk["error"])
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
             if choice.get("finish_reason") == "error":
-                raise _error_in_body(choice.get("error") or {})
+                raise self.context().error_in_body(choice.get("error") or {})
             delta = choice.get("delta") or {}
             self.content.append(delta.get("content") or "")
             self.reasoning.append(delta.get("reasoning") or "")
@@ -149,7 +213,9 @@ def _record_fields(
     response: httpx.Response,
 ) -> dict[str, Any]:
     if answer["finish_reason"] is None:
-        raise RequestFailed(None, "the answer ended without a finish_reason")
+        raise _FailureContext(generation_id, provider, usage).failed(
+            "the answer ended without a finish_reason", "error_in_200"
+        )
     usage = usage or {}
     details = usage.get("completion_tokens_details") or {}
     return {
@@ -167,15 +233,6 @@ def _record_fields(
 
 def _http_failure(response: httpx.Response) -> RequestFailed:
     return RequestFailed(response.status_code, error_detail(response), _retry_after_s(response))
-
-
-def _error_in_body(error: Any) -> RequestFailed:
-    """An error inside an HTTP 200 keeps its own code, so a 402 mid-stream still stops the run."""
-    if not isinstance(error, dict):
-        return RequestFailed(None, f"error inside an HTTP 200: {one_line(str(error))}")
-    code = error.get("code")
-    status = code if isinstance(code, int) and not isinstance(code, bool) else None
-    return RequestFailed(status, f"error inside an HTTP 200: {one_line(str(error.get('message') or error))}")
 
 
 def _retry_after_s(response: httpx.Response) -> float | None:

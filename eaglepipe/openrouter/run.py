@@ -54,17 +54,27 @@ def generate_responses(
     api_key: ApiKey | None,
 ) -> GenerationSummary:
     """Generate what the journal lacks, write the summary, then either write `responses.jsonl` (in prompt
-    order, atomically) or raise, leaving it unwritten so Snakemake sees the job failed."""
+    order, atomically) or raise, leaving it unwritten so Snakemake sees the job failed.
+
+    The journal lives at `results/{set}/.journal`, so the set's name and the run's results folder (where
+    the run-wide ledger is) follow from it."""
     prompts = read_prompt_set(prompts_path)
     run_set = functools.partial(
-        generate_set, prompts, settings=settings, api_key=api_key, journal_dir=journal_dir
+        generate_set,
+        prompts,
+        settings=settings,
+        api_key=api_key,
+        journal_dir=journal_dir,
+        results_dir=journal_dir.parent.parent,
+        dataset=journal_dir.parent.name,
     )
     summary = anyio.run(run_set)
     write_json(summary_path, summary.to_json())
     if summary.ended_because not in COMPLETE:
         advice = ADVICE.get(summary.ended_because, "rerun to resume")
         raise OpenRouterError(
-            f"{prompts_path}: {summary.done}/{summary.requested} prompts done, ${summary.dollars:.4f} spent, "
+            f"{prompts_path}: {summary.done}/{summary.requested} prompts done, "
+            f"${summary.dollars:.4f} spent on this set (${summary.run_dollars:.4f} by the run), "
             f"ended by {summary.ended_because} ({summary.message}): {advice}"
         )
     records = load_done(journal_dir, settings.fingerprint)

@@ -17,7 +17,6 @@ from eaglepipe.config import is_local_api
 from eaglepipe.io import write_json
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError
-from eaglepipe.openrouter.journal import journaled_dollars
 from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
 from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import ApiKey, read_api_key
@@ -45,8 +44,14 @@ def api_connection(
     with running_emulator(
         Path(config["target"]["path"]),
         # One batch can hold every request in flight, as a real provider's engine would.
-        extra_args=["--model-id", api["model"], "--threads", str(threads),
-                    "--max-batch", str(config["generation"]["concurrency"])],
+        extra_args=[
+            "--model-id",
+            api["model"],
+            "--threads",
+            str(threads),
+            "--max-batch",
+            str(config["generation"]["concurrency"]),
+        ],
         log_path=emulator_log,
     ) as base_url:
         yield base_url, None
@@ -96,20 +101,29 @@ def run_generation(
             max_tokens=gen["max_tokens"],
             sampling={"temperature": gen["temperature"], "top_p": gen["top_p"], "seed": gen["seed"]},
             provider_obj=provider_request(providers["kept"], routing_policy(config)),
+            allowed_providers=tuple(
+                sorted({e["provider_name"] for e in providers["kept"] if e.get("provider_name")})
+            ),
+            max_failed_fraction=gen["max_failed_fraction"],
             reasoning=gen["reasoning"],
             concurrency=gen["concurrency"],
             max_attempts=gen["max_attempts"],
             request_timeout_s=gen["request_timeout_s"],
             output_token_budget=output_token_budget,
             usd_budget=usd_budget,
-            usd_spent_before=journaled_dollars(journal_dir.parent.parent),
             expected_request_usd=max_request_usd(providers["kept"], gen["max_tokens"]),
             stream=gen["stream"],
             return_token_ids=gen["return_token_ids"],
         )
         summary = generate_responses(prompts_path, responses_path, summary_path, journal_dir, settings, key)
-    log.info("%s: %d done (%d resumed), %d tokens, $%.4f", responses_path, summary.done, summary.resumed,
-             summary.completion_tokens, summary.dollars)
+    log.info(
+        "%s: %d done (%d resumed), %d tokens, $%.4f",
+        responses_path,
+        summary.done,
+        summary.resumed,
+        summary.completion_tokens,
+        summary.dollars,
+    )
     return summary
 
 

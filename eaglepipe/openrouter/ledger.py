@@ -1,0 +1,195 @@
+"""The run-wide ledger: every billed request of every generation job, so `budget.usd` holds for the run.
+
+`results/.ledger/ledger.jsonl` is append-only and shared by all generation jobs (flock per write). Lines:
+- `{"event": "started", "set", "prompt_id", "generation_id", "at"}`: a streamed request got its
+  generation id, so if the job dies now the request can still be found and charged later;
+- `{"event": "billed", "set", "prompt_id", "generation_id", "usd", "completion_tokens", "outcome",
+  "provider", "at"}` with outcome `kept` (in the journal), `discarded` (served outside the allowlist),
+  `error` (a failure that carried a cost, or none: it closes its `started` line), `recovered` (in flight
+  at a kill, charged per `GET /generation`) or `not_found` (never found there: assumed unbilled).
+A `started` line without a `billed` line for its generation id is *unresolved*.
+
+`results/.ledger/live/{set}.json` is each running job's heartbeat (in flight, expected dollars in flight):
+other jobs read them to split the concurrency and to keep what is in flight elsewhere out of their own
+dollar headroom.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eaglepipe.io import atomic_write
+from eaglepipe.openrouter.appendlog import AppendLog, read_new_lines
+
+LEDGER_DIR = ".ledger"
+LEDGER_FILE = "ledger.jsonl"
+LIVE_DIR = "live"
+# A heartbeat older than this is a job that died without removing it (kill -9, lost node).
+HEARTBEAT_STALE_S = 15.0
+
+
+def ledger_path(results_dir: Path) -> Path:
+    return Path(results_dir) / LEDGER_DIR / LEDGER_FILE
+
+
+@dataclass
+class LedgerView:
+    """What the ledger says so far, kept current by reading only the bytes added since the last look."""
+
+    path: Path
+    offset: int = 0
+    usd: float = 0.0
+    billed: int = 0
+    usd_by_set: dict[str, float] = field(default_factory=dict)
+    by_outcome: dict[str, int] = field(default_factory=dict)
+    unresolved: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resolved: set[str] = field(default_factory=set)
+
+    def refresh(self) -> LedgerView:
+        records, self.offset = read_new_lines(self.path, self.offset)
+        for record in records:
+            generation_id = record.get("generation_id")
+            if record.get("event") == "started":
+                if generation_id and generation_id not in self.resolved:
+                    self.unresolved[generation_id] = record
+                continue
+            usd = float(record.get("usd") or 0.0)
+            self.usd += usd
+            self.billed += 1
+            dataset = record.get("set", "")
+            self.usd_by_set[dataset] = self.usd_by_set.get(dataset, 0.0) + usd
+            outcome = record.get("outcome", "")
+            self.by_outcome[outcome] = self.by_outcome.get(outcome, 0) + 1
+            if generation_id:
+                self.resolved.add(generation_id)
+                self.unresolved.pop(generation_id, None)
+        return self
+
+    def unresolved_of(self, dataset: str) -> list[dict[str, Any]]:
+        return [record for record in self.unresolved.values() if record.get("set") == dataset]
+
+
+def read_ledger(results_dir: Path) -> LedgerView:
+    return LedgerView(ledger_path(results_dir)).refresh()
+
+
+class RunLedger:
+    """One generation job's side of the ledger: `async with RunLedger(results, "B3") as ledger`."""
+
+    def __init__(self, results_dir: Path, dataset: str) -> None:
+        self.dataset = dataset
+        self.view = LedgerView(ledger_path(results_dir))
+        self._log = AppendLog(ledger_path(results_dir), shared=True)
+
+    async def __aenter__(self) -> RunLedger:
+        await self._log.__aenter__()
+        self.view.refresh()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._log.__aexit__(*exc)
+
+    async def started(self, prompt_id: str, generation_id: str) -> None:
+        await self._log.append(
+            {
+                "event": "started",
+                "set": self.dataset,
+                "prompt_id": prompt_id,
+                "generation_id": generation_id,
+                "at": round(time.time(), 3),
+            }
+        )
+
+    async def billed(
+        self,
+        prompt_id: str,
+        generation_id: str | None,
+        *,
+        usd: float,
+        outcome: str,
+        completion_tokens: int | None = None,
+        provider: str | None = None,
+    ) -> None:
+        await self._log.append(
+            {
+                "event": "billed",
+                "set": self.dataset,
+                "prompt_id": prompt_id,
+                "generation_id": generation_id,
+                "usd": usd,
+                "completion_tokens": completion_tokens,
+                "outcome": outcome,
+                "provider": provider,
+                "at": round(time.time(), 3),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class OtherJobs:
+    """The generation jobs running beside this one, as their heartbeats last said."""
+
+    count: int = 0
+    in_flight: int = 0
+    expected_usd_in_flight: float = 0.0
+
+
+class Heartbeat:
+    """This job's heartbeat file, and the reading of everyone else's."""
+
+    def __init__(self, results_dir: Path, dataset: str) -> None:
+        self.folder = Path(results_dir) / LEDGER_DIR / LIVE_DIR
+        self.path = self.folder / f"{dataset}.json"
+        self.host = socket.gethostname()
+
+    def beat(self, in_flight: int, expected_usd_in_flight: float) -> None:
+        state = {
+            "pid": os.getpid(),
+            "host": self.host,
+            "updated_at": time.time(),
+            "in_flight": in_flight,
+            "expected_usd_in_flight": expected_usd_in_flight,
+        }
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path, lambda tmp: tmp.write_text(json.dumps(state)))
+
+    def others(self) -> OtherJobs:
+        count, in_flight, usd = 0, 0, 0.0
+        for path in sorted(self.folder.glob("*.json")):
+            if path == self.path:
+                continue
+            try:
+                state = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # removed or being replaced right now
+            if not self._alive(state):
+                continue
+            count += 1
+            in_flight += int(state.get("in_flight") or 0)
+            usd += float(state.get("expected_usd_in_flight") or 0.0)
+        return OtherJobs(count, in_flight, usd)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _alive(self, state: dict[str, Any]) -> bool:
+        if time.time() - float(state.get("updated_at") or 0) > HEARTBEAT_STALE_S:
+            return False
+        if state.get("host") != self.host:
+            return True
+        pid = int(state.get("pid") or 0)
+        if pid <= 0:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

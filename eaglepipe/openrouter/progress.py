@@ -1,0 +1,78 @@
+"""What a person watching the run sees: a live line on stderr and, at the end, a table per provider."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, TextIO
+
+# On a terminal the line is redrawn every tick; in a log file a plain line this often is enough.
+PLAIN_LINE_EVERY_S = 30.0
+
+
+@dataclass
+class ProviderStats:
+    requests: int = 0
+    errors: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    usd: float = 0.0
+    truncated: int = 0
+    empty: int = 0
+
+    def add_response(self, record: dict[str, Any]) -> None:
+        usage, response = record.get("usage") or {}, record["response"]
+        self.requests += 1
+        self.completion_tokens += usage.get("completion_tokens") or 0
+        self.seconds += record.get("latency_s") or 0.0
+        self.usd += usage.get("cost") or 0.0
+        self.truncated += response.get("finish_reason") == "length"
+        self.empty += not (response.get("content") or response.get("reasoning") or response.get("tool_calls"))
+
+    def row(self) -> dict[str, Any]:
+        """Tokens per second of request time (one stream's speed); dollars per million output tokens."""
+        tok_s = self.completion_tokens / self.seconds if self.seconds else 0.0
+        per_m = self.usd / self.completion_tokens * 1e6 if self.completion_tokens else 0.0
+        return {**asdict(self), "tok_s": round(tok_s, 1), "usd_per_m_tokens": round(per_m, 4)}
+
+
+def provider_table(stats: dict[str, ProviderStats]) -> str:
+    header = f"{'provider':<24}{'requests':>9}{'errors':>8}{'tok/s':>9}{'$/M tok':>9}{'trunc':>7}{'empty':>7}"
+    lines = [header]
+    for name, item in sorted(stats.items()):
+        row = item.row()
+        lines.append(
+            f"{name[:23]:<24}{row['requests']:>9}{row['errors']:>8}{row['tok_s']:>9.1f}"
+            f"{row['usd_per_m_tokens']:>9.3f}{row['truncated']:>7}{row['empty']:>7}"
+        )
+    return "\n".join(lines)
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+class ProgressLine:
+    """Redrawn in place on a terminal; plain lines every PLAIN_LINE_EVERY_S otherwise."""
+
+    def __init__(self, stream: TextIO = sys.stderr) -> None:
+        self.stream = stream
+        self.live = stream.isatty()
+        self._last_plain = float("-inf")
+
+    def show(self, text: str, now: float) -> None:
+        if self.live:
+            self.stream.write("\r\x1b[2K" + text)
+            self.stream.flush()
+        elif now - self._last_plain >= PLAIN_LINE_EVERY_S:
+            self._last_plain = now
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def close(self, text: str) -> None:
+        self.stream.write(("\r\x1b[2K" if self.live else "") + text + "\n")
+        self.stream.flush()

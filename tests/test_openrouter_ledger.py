@@ -1,0 +1,118 @@
+"""The run-wide ledger and its parts: group-committed appends shared by processes, the incremental view,
+heartbeats, the budget estimators and the adaptive concurrency."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from eaglepipe.openrouter.appendlog import AppendLog, read_lines
+from eaglepipe.openrouter.budget import MIN_OBSERVATIONS, Estimate
+from eaglepipe.openrouter.concurrency import AdaptiveLimit
+from eaglepipe.openrouter.ledger import HEARTBEAT_STALE_S, Heartbeat, LedgerView, RunLedger, ledger_path
+
+
+def append_many(path: Path, writer: str, count: int) -> None:
+    async def write() -> None:
+        async with AppendLog(path, shared=True) as log, anyio.create_task_group() as group:
+            for number in range(count):
+                group.start_soon(log.append, {"writer": writer, "n": number, "pad": "x" * 500})
+
+    anyio.run(write)
+
+
+def test_processes_appending_at_once_never_interleave(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=append_many, args=(path, name, 300)) for name in "abc"]
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join(60)
+        assert process.exitcode == 0
+    records = read_lines(path)  # every line parses: no interleaved bytes
+    assert len(records) == 900
+    for name in "abc":
+        assert sorted(r["n"] for r in records if r["writer"] == name) == list(range(300))
+
+
+def test_view_reads_each_line_once_and_tracks_unresolved(tmp_path: Path) -> None:
+    async def write() -> None:
+        async with RunLedger(tmp_path, "A") as ledger:
+            await ledger.started("p1", "g1")
+            await ledger.started("p2", "g2")
+            await ledger.billed("p1", "g1", usd=0.5, outcome="kept")
+            view = ledger.view.refresh()
+            assert view.usd == 0.5 and list(view.unresolved) == ["g2"]
+            await ledger.billed("p3", "g3", usd=0.25, outcome="discarded")
+            assert ledger.view.refresh().usd == 0.75
+
+    anyio.run(write)
+    view = LedgerView(ledger_path(tmp_path)).refresh()
+    assert view.usd == 0.75 and view.by_outcome == {"kept": 1, "discarded": 1}
+    assert [r["prompt_id"] for r in view.unresolved_of("A")] == ["p2"] and view.unresolved_of("B") == []
+    with open(ledger_path(tmp_path), "a") as handle:  # a writer killed mid-line
+        handle.write('{"event": "billed", "usd": 100')
+    assert view.refresh().usd == 0.75
+
+
+def test_heartbeats_of_live_jobs_count_and_dead_ones_do_not(tmp_path: Path) -> None:
+    mine, other = Heartbeat(tmp_path, "A"), Heartbeat(tmp_path, "B")
+    other.beat(in_flight=7, expected_usd_in_flight=1.5)
+    mine.beat(in_flight=3, expected_usd_in_flight=9.0)
+    seen = mine.others()
+    assert (seen.count, seen.in_flight, seen.expected_usd_in_flight) == (1, 7, 1.5)
+    state = json.loads(other.path.read_text())
+    other.path.write_text(json.dumps({**state, "updated_at": time.time() - HEARTBEAT_STALE_S - 1}))
+    assert mine.others().count == 0
+    dead = context_pid_that_exited()
+    other.path.write_text(json.dumps({**state, "pid": dead, "updated_at": time.time()}))
+    assert mine.others().count == 0
+    other.remove()
+    assert not other.path.exists()
+
+
+def context_pid_that_exited() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_estimate_is_the_upper_bound_until_answers_are_seen_then_length_biased() -> None:
+    estimate = Estimate(upper_bound=1000)
+    for _ in range(MIN_OBSERVATIONS - 1):
+        estimate.add(100)
+    assert estimate.mean == estimate.in_flight_mean == 1000
+    estimate.add(400)
+    values = [100] * (MIN_OBSERVATIONS - 1) + [400]
+    assert estimate.mean == pytest.approx(sum(values) / len(values))
+    assert estimate.in_flight_mean == pytest.approx(sum(v * v for v in values) / sum(values))
+    assert estimate.in_flight_mean > estimate.mean
+    assert estimate.committed(3) == pytest.approx(3 * estimate.in_flight_mean + estimate.mean)
+
+
+def test_adaptive_limit_cuts_under_a_429_storm_and_recovers_after() -> None:
+    limit = AdaptiveLimit(1000)
+    for _ in range(100):
+        limit.record(rate_limited=False)
+    limit.record(rate_limited=True)  # one 429 among many successes is no storm
+    limit.tick()
+    assert limit.current == 1000
+    for _ in range(3):
+        for _ in range(50):
+            limit.record(rate_limited=True)
+        limit.tick()
+    assert limit.current == int(1000 * 0.7**3) and limit.cuts == 3 and limit.lowest == limit.current
+    for _ in range(40):
+        limit.tick()
+    assert limit.current == 1000
+    limit.set_ceiling(400)
+    assert limit.current == 400
