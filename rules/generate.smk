@@ -35,12 +35,15 @@ rule generate:
         fingerprint=generation_fingerprint(),
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
         usd_budget=config["budget"]["usd"],
+        max_failed_fraction=config["generation"]["max_failed_fraction"],
         journal=lambda wildcards: f"results/{wildcards.ds}/.journal",
         # Undeclared, like the journal: a failed job keeps the summary that says why it failed.
         summary=lambda wildcards: f"results/{wildcards.ds}/responses.summary.json",
     log:
         "logs/generate/{ds}.log",
     localrule: True
+    # Jobs running at once split generation.concurrency and share budget.usd through results/.ledger/;
+    # the local profile limits api=1 because each local job runs its own emulator on the CPU.
     resources:
         api=1,
     # The client needs little CPU; the threads are for the local emulator's model when base_url is local.

@@ -16,6 +16,7 @@ with snakemake_job(snakemake):
         fingerprint=snakemake.params.fingerprint,
         output_token_budget=snakemake.params.output_token_budget,
         usd_budget=snakemake.params.usd_budget,
+        max_failed_fraction=snakemake.params.max_failed_fraction,
         emulator_log=Path(snakemake.log[0]).with_suffix(".emulator.log"),
         threads=snakemake.threads,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import resource
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,7 @@ MAX_KEEPALIVE_CONNECTIONS = 100
 TICK_S = 1.0
 LOG_PROGRESS_EVERY_S = 30.0
 KEY_CHECK_EVERY_S = 60.0
+OPEN_FILES_BESIDES_SOCKETS = 256
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ async def generate_set(
 ) -> GenerationSummary:
     """Generate every prompt not yet journaled under `settings.fingerprint`; never raises for failed
     requests (the summary says what happened), only for unusable input."""
+    _raise_open_file_limit(settings.concurrency)
     run = _Run(settings, GenerationSummary(requested=len(prompts)), dataset)
     todo = run.resume(prompts, load_done(journal_dir, settings.fingerprint))
     log.info(
@@ -360,6 +363,8 @@ class _Run:
         if self.ledger is not None:
             view = self.ledger.view.refresh()
             summary.run_dollars = view.usd
+            summary.billed_by_outcome = dict(self.ledger.outcomes)
+            summary.job_ledger_dollars = self.ledger.usd_billed
             summary.unresolved = len(view.unresolved_of(self.dataset))
         transient = [failure for failure in summary.failures if not failure["permanent"]]
         if self.stop_reason is not None:
@@ -407,6 +412,19 @@ async def _tick_forever(run: _Run, heartbeat: Heartbeat) -> None:
         if now - last_key_check >= KEY_CHECK_EVERY_S:
             last_key_check = now
             await _check_key(run)
+
+
+def _raise_open_file_limit(concurrency: int) -> None:
+    """Each request in flight holds a socket; a common soft limit of 1024 files would fail at 2000."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = concurrency + OPEN_FILES_BESIDES_SOCKETS
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    if raised < wanted:
+        log.warning("open-file limit %d is below concurrency %d: raise `ulimit -Hn` or lower the concurrency",
+                    raised, concurrency)
 
 
 def _http_client(settings: GenerationSettings, api_key: ApiKey | None) -> httpx.AsyncClient:

@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,9 @@ class RunLedger:
     def __init__(self, results_dir: Path, dataset: str) -> None:
         self.dataset = dataset
         self.view = LedgerView(ledger_path(results_dir))
+        # This job's own billed lines, for its summary.
+        self.outcomes: Counter[str] = Counter()
+        self.usd_billed = 0.0
         self._log = AppendLog(ledger_path(results_dir), shared=True)
 
     async def __aenter__(self) -> RunLedger:

@@ -83,6 +83,7 @@ def run_generation(
     fingerprint: str,
     output_token_budget: int,
     usd_budget: float,
+    max_failed_fraction: float,
     emulator_log: Path | None = None,
     threads: int = 1,
 ) -> GenerationSummary:
@@ -104,7 +105,7 @@ def run_generation(
             allowed_providers=tuple(
                 sorted({e["provider_name"] for e in providers["kept"] if e.get("provider_name")})
             ),
-            max_failed_fraction=gen["max_failed_fraction"],
+            max_failed_fraction=max_failed_fraction,
             reasoning=gen["reasoning"],
             concurrency=gen["concurrency"],
             max_attempts=gen["max_attempts"],
