@@ -44,6 +44,22 @@ def generation_fingerprint():
     )
 
 
+# The spend plan, on stderr while parsing, so `snakemake -n` shows it and a real run shows it before it
+# spends (parse time cannot tell the two apart). Jobs that Snakemake re-parses the workflow for
+# (`--mode subprocess` / `remote`) skip it.
+if workflow.is_main_process:
+    from eaglepipe.openrouter.plan import print_spend_plan
+
+    print_spend_plan(
+        config,
+        DATASETS,
+        generation_fingerprint(),
+        argv=sys.argv,
+        results=Path("results"),
+        prompts_dir=Path("resources/prompts"),
+    )
+
+
 onstart:
     from eaglepipe.openrouter.errors import OpenRouterError
     from eaglepipe.openrouter.stage import check_key_for_pending_sets

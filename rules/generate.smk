@@ -10,6 +10,7 @@ rule providers:
     params:
         model=config["api"]["model"],
         base_url=config["api"]["base_url"],
+        self_hosted=config["api"]["self_hosted"],
         routing=config["routing"],
         max_tokens=config["generation"]["max_tokens"],
     log:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,7 +38,7 @@ def api_connection(
     """(base URL, key) for this job; the local emulator lives exactly as long as the `with` block."""
     api = config["api"]
     if not is_local_api(config):
-        yield api["base_url"], read_api_key(api["key_file"], api["key_file_env"])
+        yield api["base_url"], _api_key(config)
         return
     from eaglepipe.emulator.runner import running_emulator
 
@@ -57,6 +58,14 @@ def api_connection(
         yield base_url, None
 
 
+def _api_key(config: dict[str, Any]) -> ApiKey | None:
+    """A self-hosted server may need no key: it gets one only when a key file is configured."""
+    api = config["api"]
+    if api["self_hosted"] and not (api["key_file"] or os.environ.get(api["key_file_env"])):
+        return None
+    return read_api_key(api["key_file"], api["key_file_env"])
+
+
 def max_request_usd(endpoints: list[dict[str, Any]], max_tokens: int) -> float:
     """An upper bound on one request's output cost: the dearest kept endpoint at max_tokens."""
     prices = [float((e.get("pricing") or {}).get("completion") or 0) for e in endpoints]
@@ -64,6 +73,21 @@ def max_request_usd(endpoints: list[dict[str, Any]], max_tokens: int) -> float:
 
 
 def write_providers(config: dict[str, Any], out_path: Path, emulator_log: Path | None = None) -> None:
+    """A self-hosted server is its own only endpoint: nothing to list or route, so nothing is asked."""
+    if config["api"]["self_hosted"]:
+        write_json(
+            out_path,
+            {
+                "model": config["api"]["model"],
+                "source": config["api"]["base_url"],
+                "self_hosted": True,
+                "policy": None,
+                "kept": [],
+                "dropped": [],
+            },
+        )
+        log.info("%s: self-hosted server, no provider routing", out_path)
+        return
     with api_connection(config, emulator_log) as (base_url, key):
         providers = fetch_providers(base_url, config["api"]["model"], key, routing_policy(config))
     if is_local_api(config):
@@ -94,6 +118,7 @@ def run_generation(
             f"{providers_path} lists endpoints of {providers.get('model')!r}, not of "
             f"{config['api']['model']!r}: refresh it with `snakemake --forcerun providers`"
         )
+    self_hosted = bool(providers.get("self_hosted"))
     with api_connection(config, emulator_log, threads) as (base_url, key):
         settings = GenerationSettings(
             base_url=base_url,
@@ -101,7 +126,7 @@ def run_generation(
             fingerprint=fingerprint,
             max_tokens=gen["max_tokens"],
             sampling={"temperature": gen["temperature"], "top_p": gen["top_p"], "seed": gen["seed"]},
-            provider_obj=provider_request(providers["kept"], routing_policy(config)),
+            provider_obj=None if self_hosted else provider_request(providers["kept"], routing_policy(config)),
             allowed_providers=tuple(
                 sorted({e["provider_name"] for e in providers["kept"] if e.get("provider_name")})
             ),
@@ -130,7 +155,7 @@ def run_generation(
 
 def check_key_for_pending_sets(config: dict[str, Any], datasets: list[str], results: Path) -> None:
     """`onstart`: fail before any job when a set still needs paid generation and there is no usable key."""
-    if is_local_api(config):
+    if is_local_api(config) or config["api"]["self_hosted"]:
         return
     pending = [ds for ds in datasets if not (results / ds / "responses.jsonl").is_file()]
     if pending:

@@ -1,0 +1,484 @@
+"""The spend plan: what the sets still to generate will cost and what their hidden states will take on disk.
+
+Printed at parse time, so `snakemake -n` shows it and a real run shows the same plan before it spends.
+It reads only local files (prompt sets, journals, the ledger, providers.json, the target's config and
+tokenizer): no request, no key. Every estimate it cannot make says "unknown" rather than guess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from eaglepipe.io import read_jsonl
+from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
+from eaglepipe.openrouter.journal import load_done
+from eaglepipe.openrouter.ledger import read_ledger
+
+# Bytes of a prompt's JSON (messages and tools, structure included) per input token, used when the
+# target's tokenizer is not at hand. It errs high on tokens: the demo's SmolLM2 prompts measure 3.4, and
+# a larger vocabulary (Kimi-K2.5's 163k) packs more bytes into a token.
+BYTES_PER_TOKEN = 3.5
+# EAGLE-3 keeps three auxiliary layers and the final one per token.
+STORED_LAYERS = 4
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+HEADER = "eaglepipe spend plan (no request sent, no key read; the same plan prints before a real run spends)"
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per token of the dearest kept endpoint, each side separately, so the plan is an upper bound."""
+
+    prompt: float
+    completion: float
+    source: str = "dearest kept endpoint in results/providers.json"
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return input_tokens * self.prompt + output_tokens * self.completion
+
+
+@dataclass(frozen=True)
+class SetPlan:
+    """One prompt set. `status`: generate (no responses yet), extract (no hidden states yet) or done.
+    None means unknown; `coverage` is filled in run-wide, in config order."""
+
+    name: str
+    status: str
+    prompts: int | None = None
+    left: int | None = None
+    input_tokens: int | None = None
+    per_answer: int | None = None
+    per_answer_source: str = ""
+    output_tokens: int | None = None
+    capped: bool = False
+    usd: float | None = None
+    # True when the input tokens are unknown (prompts not built yet): `usd` then covers the outputs only.
+    usd_at_least: bool = False
+    coverage: str = "-"
+    disk_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class SpendPlan:
+    sets: list[SetPlan]
+    prices: Prices | None
+    input_method: str | None
+    max_tokens: int
+    target_dir: Path
+    spent_usd: float
+    budget_usd: float
+    hidden_size: int | None
+    dtype: str
+
+    @property
+    def remaining_usd(self) -> float:
+        return max(self.budget_usd - self.spent_usd, 0.0)
+
+    @property
+    def has_work(self) -> bool:
+        return any(item.status != "done" for item in self.sets)
+
+
+class InputTokens:
+    """Counts a prompt's input tokens: with the target's tokenizer when it has a tokenizer.json (a fast
+    tokenizer: no remote code, no torch), else from its bytes. The tokenizer loads on first use only."""
+
+    def __init__(self, target_dir: Path) -> None:
+        self.target_dir = target_dir
+        self.method: str | None = None
+        self._tokenizer: Any = None
+
+    def __call__(self, prompt: dict[str, Any]) -> int:
+        if self.method is None:
+            self._tokenizer = _fast_tokenizer(self.target_dir)
+            self.method = "tokenizer" if self._tokenizer else "bytes"
+        if self._tokenizer is None:
+            return round(_prompt_bytes(prompt) / BYTES_PER_TOKEN)
+        from eaglepipe.target.chat import render_prompt_ids
+
+        return len(render_prompt_ids(self._tokenizer, prompt["messages"], prompt.get("tools")))
+
+
+def spend_plan(
+    config: dict[str, Any], datasets: list[str], results: Path, prompts_dir: Path, fingerprint: str
+) -> SpendPlan:
+    """The plan for `datasets` (in config order) from a validated config and the files on disk."""
+    results, prompts_dir = Path(results), Path(prompts_dir)
+    target_dir = Path(config["target"]["path"])
+    prices = dearest_prices(results / "providers.json", config["api"]["model"]) or configured_prices(config)
+    hidden_size = target_hidden_size(target_dir)
+    bytes_per_token = shard_bytes_per_token(hidden_size, config["hidden"]["dtype"])
+    count_input = InputTokens(target_dir)
+    sets = [
+        _plan_set(config, ds, results, prompts_dir, fingerprint, prices, count_input, bytes_per_token)
+        for ds in datasets
+    ]
+    spent = read_ledger(results).usd
+    budget = float(config["budget"]["usd"])
+    return SpendPlan(
+        sets=with_coverage(sets, max(budget - spent, 0.0)),
+        prices=prices,
+        input_method=count_input.method,
+        max_tokens=config["generation"]["max_tokens"],
+        target_dir=target_dir,
+        spent_usd=spent,
+        budget_usd=budget,
+        hidden_size=hidden_size,
+        dtype=config["hidden"]["dtype"],
+    )
+
+
+def dearest_prices(providers_path: Path, model: str) -> Prices | None:
+    """Prices from the cached endpoint list; None without one, or when it lists another model's endpoints."""
+    try:
+        providers = json.loads(Path(providers_path).read_text())
+    except (OSError, ValueError):
+        return None
+    pricing = [endpoint.get("pricing") or {} for endpoint in providers.get("kept") or []]
+    if providers.get("model") != model or not pricing:
+        return None
+    return Prices(
+        prompt=max(float(p.get("prompt") or 0) for p in pricing),
+        completion=max(float(p.get("completion") or 0) for p in pricing),
+    )
+
+
+def configured_prices(config: dict[str, Any]) -> Prices | None:
+    """`budget.price_per_m_tokens`, for planning before providers.json was ever fetched."""
+    price = config["budget"].get("price_per_m_tokens")
+    if not price:
+        return None
+    return Prices(
+        prompt=price["input"] / 1e6, completion=price["output"] / 1e6, source="budget.price_per_m_tokens"
+    )
+
+
+def target_hidden_size(target_dir: Path) -> int | None:
+    """From config.json; multimodal targets (Kimi-K2.5) nest the language model's under `text_config`."""
+    try:
+        config = json.loads((Path(target_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config.get("text_config", config).get("hidden_size")
+
+
+def shard_bytes_per_token(hidden_size: int | None, dtype: str) -> int | None:
+    """What one token costs in the shards: the stored layers' states (ids and masks are negligible)."""
+    return None if hidden_size is None else STORED_LAYERS * hidden_size * DTYPE_BYTES[dtype]
+
+
+def with_coverage(sets: list[SetPlan], remaining_usd: float) -> list[SetPlan]:
+    """How far the remaining dollars reach, spent in config order: full, partly or no; unknown from the
+    first set whose cost is unknown on, since it may take any share of the rest."""
+    out, cumulative, priced = [], 0.0, True
+    for item in sets:
+        if item.status != "generate":
+            out.append(item)
+            continue
+        priced = priced and item.usd is not None
+        if not priced:
+            out.append(replace(item, coverage=UNKNOWN))
+            continue
+        before, cumulative = cumulative, cumulative + item.usd
+        coverage = "full" if cumulative <= remaining_usd else "partly" if before < remaining_usd else "no"
+        out.append(replace(item, coverage=coverage))
+    return out
+
+
+def sets_named_by(targets: Iterable[str], datasets: list[str]) -> list[str]:
+    """The sets whose files the targets are (a prompt file buys nothing); every set when no target is
+    given or one is not a single set's file (a rule name, the drafter), since those need every set."""
+    paths = [Path(os.path.normpath(target)).parts for target in targets]
+    if not paths:
+        return list(datasets)
+    named = set()
+    for parts in paths:
+        if len(parts) >= 3 and parts[0] == "results" and parts[1] in datasets:
+            named.add(parts[1])
+        elif not (len(parts) == 3 and parts[:2] == ("resources", "prompts") and parts[2].endswith(".jsonl")):
+            return list(datasets)
+    return [ds for ds in datasets if ds in named]
+
+
+def command_line_targets(argv: list[str]) -> list[str]:
+    """The targets of a `snakemake` command line, parsed by Snakemake's own parser (at parse time the
+    workflow does not know them yet); none when this process was not started as `snakemake`."""
+    program = Path(argv[0]) if argv else Path()
+    if "snakemake" not in (program.name, program.parent.name):
+        return []
+    from snakemake.cli import get_argument_parser
+
+    args, _unknown = get_argument_parser().parse_known_args(argv[1:])
+    return list(args.targets or [])
+
+
+def print_spend_plan(
+    config: dict[str, Any],
+    datasets: list[str],
+    fingerprint: str,
+    *,
+    argv: list[str],
+    results: Path,
+    prompts_dir: Path,
+    stream: TextIO = sys.stderr,
+) -> None:
+    """The parse-time hook: the plan for the sets the command line targets. Advisory, so a failure to
+    plan is reported in one line and never stops the workflow."""
+    try:
+        scope = sets_named_by(command_line_targets(argv), datasets)
+        plan = spend_plan(config, scope, results, prompts_dir, fingerprint)
+    except Exception as error:  # whatever breaks an estimate must not block the run
+        print(f"eaglepipe: no spend plan ({type(error).__name__}: {error})", file=stream)
+        return
+    print(format_plan(plan), file=stream)
+
+
+def format_plan(plan: SpendPlan) -> str:
+    if not plan.has_work:
+        return f"{HEADER}\nnothing left to buy: every planned set has its responses and hidden states"
+    columns = ["set", "status", "prompts", "left", "input tok", "per answer", "output tok", "dollars",
+               "budget", "shard disk"]
+    rows = [_row(item) for item in plan.sets]
+    rows.append(_total_row(plan))
+    widths = [max(len(row[i]) for row in [columns, *rows]) for i in range(len(columns))]
+    table = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+             for row in [columns, *rows]]
+    return "\n".join([HEADER, *_notes(plan), *table, *_summary(plan)])
+
+
+def _plan_set(
+    config: dict[str, Any],
+    ds: str,
+    results: Path,
+    prompts_dir: Path,
+    fingerprint: str,
+    prices: Prices | None,
+    count_input: InputTokens,
+    bytes_per_token: int | None,
+) -> SetPlan:
+    set_dir, max_tokens = results / ds, config["generation"]["max_tokens"]
+    if (set_dir / "responses.jsonl").is_file():
+        if (set_dir / "hidden.done").is_file():
+            return SetPlan(ds, "done")
+        tokens = _generated_tokens(set_dir, max_tokens)
+        return SetPlan(ds, "extract", disk_bytes=_times(tokens, bytes_per_token))
+
+    done = load_done(set_dir / ".journal", fingerprint)
+    prompts_path = prompts_dir / f"{ds}.jsonl"
+    if prompts_path.is_file():
+        prompts = read_jsonl(prompts_path)
+        done = {prompt["id"]: done[prompt["id"]] for prompt in prompts if prompt["id"] in done}
+        todo = [prompt for prompt in prompts if prompt["id"] not in done]
+        total, left, input_tokens = len(prompts), len(todo), sum(map(count_input, todo))
+    else:  # not built yet: the source's sample is the best count there is
+        total = config["sources"][ds].get("sample")
+        left = None if total is None else max(total - len(done), 0)
+        input_tokens = None
+
+    configured = config["generation"]["expected_completion_tokens"]
+    per_answer, source = per_answer_estimate(done.values(), configured, max_tokens)
+    used = sum(_completion_tokens(record, max_tokens) for record in done.values())
+    token_budget_left = max(config["budget"]["output_tokens_per_dataset"] - used, 0)
+    uncapped = None if left is None else left * per_answer
+    output_tokens = None if uncapped is None else min(uncapped, token_budget_left)
+    if input_tokens is not None and uncapped:
+        # The token budget stops the set early: only the prompts answered before then are billed.
+        input_tokens = round(input_tokens * output_tokens / uncapped)
+    usd = None
+    if prices is not None and output_tokens is not None:
+        usd = prices.cost(input_tokens or 0, output_tokens)
+    disk = None
+    if input_tokens is not None and output_tokens is not None:
+        known = sum(_record_tokens(record, max_tokens) for record in done.values())
+        disk = _times(known + input_tokens + output_tokens, bytes_per_token)
+    return SetPlan(
+        name=ds,
+        status="generate",
+        prompts=total,
+        left=left,
+        input_tokens=input_tokens,
+        per_answer=per_answer,
+        per_answer_source=source,
+        output_tokens=output_tokens,
+        capped=uncapped is not None and output_tokens < uncapped,
+        usd=usd,
+        usd_at_least=usd is not None and input_tokens is None,
+        disk_bytes=disk,
+    )
+
+
+def per_answer_estimate(
+    records: Iterable[dict[str, Any]], configured: int, max_tokens: int
+) -> tuple[int, str]:
+    """(completion tokens per answer, where from): the journal's mean once it is a fair sample (as the
+    client's own estimate), else the configured guess; never above max_tokens."""
+    counts = [_completion_tokens(record, max_tokens) for record in records]
+    if len(counts) >= MIN_OBSERVATIONS:
+        return min(round(sum(counts) / len(counts)), max_tokens), "journal"
+    return min(configured, max_tokens), "config"
+
+
+def _completion_tokens(record: dict[str, Any], max_tokens: int) -> int:
+    """Unknown usage counts as max_tokens, as the client counts it against the token budget."""
+    tokens = (record.get("usage") or {}).get("completion_tokens")
+    return max_tokens if tokens is None else int(tokens)
+
+
+def _record_tokens(record: dict[str, Any], max_tokens: int) -> int:
+    return int((record.get("usage") or {}).get("prompt_tokens") or 0) + _completion_tokens(record, max_tokens)
+
+
+def _generated_tokens(set_dir: Path, max_tokens: int) -> int:
+    """Tokens a finished set feeds the hidden stage: exact from the token file's header once it exists
+    (cheap), else billed prompt plus completion tokens from responses.jsonl."""
+    tokens_path = set_dir / "tokens.safetensors"
+    if tokens_path.is_file():
+        with open(tokens_path, "rb") as handle:
+            (header_len,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(header_len))
+        return int(header["input_ids"]["shape"][0])
+    return sum(_record_tokens(record, max_tokens) for record in read_jsonl(set_dir / "responses.jsonl"))
+
+
+def _times(tokens: int | None, bytes_per_token: int | None) -> int | None:
+    return None if tokens is None or bytes_per_token is None else tokens * bytes_per_token
+
+
+def _prompt_bytes(prompt: dict[str, Any]) -> int:
+    body = {"messages": prompt["messages"], "tools": prompt.get("tools")}
+    return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+
+
+def _fast_tokenizer(target_dir: Path) -> Any:
+    """The target's fast tokenizer, or None where it has none or it does not load (then bytes count)."""
+    if not (target_dir / "tokenizer.json").is_file():
+        return None
+    try:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(target_dir))
+    except Exception:  # any failure only means the cruder estimate is used
+        return None
+
+
+def _row(item: SetPlan) -> list[str]:
+    if item.status == "done":
+        return [item.name, "done", *["-"] * 8]
+    if item.status == "extract":
+        return [item.name, "extract", *["-"] * 7, _size(item.disk_bytes)]
+    output = _count(item.output_tokens) + (" (cap)" if item.capped else "")
+    return [
+        item.name,
+        item.status,
+        _count(item.prompts),
+        _count(item.left),
+        _count(item.input_tokens),
+        f"{item.per_answer:,} {item.per_answer_source}",
+        output,
+        (">=" if item.usd_at_least else "") + _usd(item.usd),
+        item.coverage,
+        _size(item.disk_bytes),
+    ]
+
+
+def _total_row(plan: SpendPlan) -> list[str]:
+    buying = [item for item in plan.sets if item.status == "generate"]
+    extracting = [item for item in plan.sets if item.status != "done"]
+    return [
+        "total",
+        "",
+        _count(_sum(item.prompts for item in buying)),
+        _count(_sum(item.left for item in buying)),
+        _count(_sum(item.input_tokens for item in buying)),
+        "",
+        _count(_sum(item.output_tokens for item in buying)),
+        (">=" if any(item.usd_at_least for item in buying) else "") + _usd(_sum(item.usd for item in buying)),
+        "",
+        _size(_sum(item.disk_bytes for item in extracting)),
+    ]
+
+
+def _notes(plan: SpendPlan) -> list[str]:
+    """How the columns were estimated; only the sets still to generate need prices and token counts."""
+    if not any(item.status == "generate" for item in plan.sets):
+        return [""]
+    if plan.prices is None:
+        price = (
+            "price: unknown (no results/providers.json for this model yet and no budget.price_per_m_tokens)"
+        )
+    else:
+        price = (
+            f"price: ${plan.prices.prompt * 1e6:,.4g}/M input, ${plan.prices.completion * 1e6:,.4g}/M output "
+            f"({plan.prices.source})"
+        )
+    tokenizer = plan.target_dir / "tokenizer.json"
+    inputs = {
+        "tokenizer": f"input tokens: counted with {tokenizer}, chat template applied",
+        "bytes": f"input tokens: prompt JSON bytes / {BYTES_PER_TOKEN} (no usable {tokenizer})",
+        None: "input tokens: unknown until the prompt sets are built (the prompts rule, free); "
+        "'>=' dollars count the outputs only",
+    }[plan.input_method]
+    answer = (
+        f"per answer: journal mean (>= {MIN_OBSERVATIONS} answers) or generation.expected_completion_tokens, "
+        f"at most max_tokens {plan.max_tokens:,}"
+    )
+    notes = [price, inputs, answer]
+    if any(item.capped for item in plan.sets):
+        notes.append("(cap): budget.output_tokens_per_dataset ends the set first (journal answers count)")
+    return [*notes, ""]
+
+
+def _summary(plan: SpendPlan) -> list[str]:
+    buying = [item for item in plan.sets if item.status == "generate"]
+    lines = [
+        "",
+        f"budget.usd ${plan.budget_usd:,.2f}: ${plan.spent_usd:,.4f} spent so far, "
+        f"${plan.remaining_usd:,.2f} left",
+    ]
+    for coverage, label in (("full", "covers fully"), ("partly", "covers partly"), ("no", "does not cover"),
+                            (UNKNOWN, "cannot price")):
+        names = [item.name for item in buying if item.coverage == coverage]
+        if names:
+            lines.append(f"  {label}: {', '.join(names)}")
+    if plan.hidden_size is None:
+        lines.append("shard disk: unknown (no hidden_size in the target's config.json yet)")
+    else:
+        per_token = shard_bytes_per_token(plan.hidden_size, plan.dtype)
+        lines.append(
+            f"shard disk: tokens x {STORED_LAYERS} layers x hidden {plan.hidden_size:,} x "
+            f"{DTYPE_BYTES[plan.dtype]} B ({plan.dtype}) = {per_token:,} B per token"
+        )
+    return lines
+
+
+def _sum(values: Iterable[int | float | None]) -> Any:
+    """None (unknown) as soon as one part is unknown: a partial total would read as the whole."""
+    values = list(values)
+    return None if any(value is None for value in values) else sum(values)
+
+
+def _count(value: int | None) -> str:
+    return UNKNOWN if value is None else f"{value:,}"
+
+
+def _usd(value: float | None) -> str:
+    if value is None:
+        return UNKNOWN
+    return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
+
+
+def _size(value: int | None) -> str:
+    if value is None:
+        return UNKNOWN
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:,.1f} TB"

@@ -1,0 +1,311 @@
+"""The spend plan, computed from real files: prompt sets, journals, a ledger, providers.json, a target dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from eaglepipe.config import validate_config
+from eaglepipe.openrouter.plan import (
+    Prices,
+    command_line_targets,
+    format_plan,
+    sets_named_by,
+    spend_plan,
+    target_hidden_size,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+FINGERPRINT = "0123456789abcdef"
+# The JSON of {"messages": [one user turn with this content], "tools": null} is 350 bytes: 100 tokens at
+# the plan's 3.5 bytes per token.
+HUNDRED_TOKENS = "a" * 294
+
+
+def make_config(tmp_path: Path, datasets: list[str], **sections) -> dict:
+    config = {
+        "datasets": datasets,
+        "sources": {ds: {"type": "hf", "name": "org/data", "sample": 40} for ds in datasets},
+        "target": {"name": "org/target", "path": str(tmp_path / "target")},
+        "api": {"model": "vendor/model"},
+        "generation": {"max_tokens": 1000, "expected_completion_tokens": 500},
+        "budget": {"usd": 100, "output_tokens_per_dataset": 10_000_000},
+        "hidden": {"dtype": "bfloat16"},
+    }
+    for name, values in sections.items():
+        config[name] = {**config[name], **values}
+    return validate_config(config, REPO / "schemas" / "config.schema.yaml")
+
+
+def write_lines(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def write_prompts(tmp_path: Path, ds: str, count: int, content: str = HUNDRED_TOKENS) -> list[str]:
+    ids = [f"{ds}-{i}" for i in range(count)]
+    rows = [{"id": pid, "messages": [{"role": "user", "content": content}]} for pid in ids]
+    write_lines(tmp_path / "prompts" / f"{ds}.jsonl", rows)
+    return ids
+
+
+def record(prompt_id: str, completion: int | None, prompt: int = 10, fingerprint: str = FINGERPRINT) -> dict:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "cost": 0.001}
+    return {"prompt_id": prompt_id, "fingerprint": fingerprint, "usage": usage}
+
+
+def write_journal(tmp_path: Path, ds: str, records: list[dict]) -> None:
+    write_lines(tmp_path / "results" / ds / ".journal" / "records.jsonl", records)
+
+
+def write_providers(tmp_path: Path, model: str = "vendor/model") -> None:
+    def endpoint(tag: str, prompt: str, completion: str) -> dict:
+        return {"tag": tag, "pricing": {"prompt": prompt, "completion": completion}}
+
+    providers = {
+        "model": model,
+        "kept": [endpoint("a/int4", "0.000001", "0.00002"), endpoint("b/int4", "0.0000005", "0.0001")],
+        "dropped": [{"endpoint": endpoint("c/fp8", "0.01", "0.01"), "reason": "quantization fp8"}],
+    }
+    (tmp_path / "results").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "results" / "providers.json").write_text(json.dumps(providers))
+
+
+def plan_of(tmp_path: Path, config: dict):
+    return spend_plan(config, config["datasets"], tmp_path / "results", tmp_path / "prompts", FINGERPRINT)
+
+
+def by_name(plan) -> dict:
+    return {item.name: item for item in plan.sets}
+
+
+def test_prompts_left_come_from_the_journal_and_the_mean_answer_once_it_has_enough(tmp_path):
+    config = make_config(tmp_path, ["A", "B"])
+    a_ids, b_ids = write_prompts(tmp_path, "A", 30), write_prompts(tmp_path, "B", 30)
+    old = [record(pid, 900, fingerprint="another") for pid in a_ids[25:]]  # another config's: not reused
+    write_journal(tmp_path, "A", [record(pid, 100) for pid in a_ids[:25]] + old)
+    write_journal(tmp_path, "B", [record(pid, 100) for pid in b_ids[:3]])
+
+    a, b = by_name(plan_of(tmp_path, config)).values()
+
+    assert (a.status, a.prompts, a.left, a.input_tokens) == ("generate", 30, 5, 500)
+    assert (a.per_answer, a.per_answer_source, a.output_tokens) == (100, "journal", 500)
+    assert (b.left, b.per_answer, b.per_answer_source, b.output_tokens) == (27, 500, "config", 13_500)
+
+
+def test_unbuilt_prompt_sets_count_the_sources_sample_and_leave_input_tokens_unknown(tmp_path):
+    config = make_config(tmp_path, ["A"])
+    write_journal(tmp_path, "A", [record(f"A-{i}", 100) for i in range(4)])
+
+    (a,) = plan_of(tmp_path, config).sets
+
+    assert (a.prompts, a.left, a.input_tokens, a.output_tokens, a.usd) == (40, 36, None, 18_000, None)
+
+
+def test_the_estimate_per_answer_never_exceeds_max_tokens(tmp_path):
+    config = make_config(tmp_path, ["A"], generation={"max_tokens": 300, "expected_completion_tokens": 5000})
+    write_prompts(tmp_path, "A", 10)
+
+    (a,) = plan_of(tmp_path, config).sets
+
+    assert (a.per_answer, a.output_tokens) == (300, 3000)
+
+
+def test_the_token_budget_caps_output_and_the_prompts_billed_with_it(tmp_path):
+    config = make_config(tmp_path, ["A"], budget={"output_tokens_per_dataset": 2500})
+    ids = write_prompts(tmp_path, "A", 30)
+    # 19 answers of 100 tokens and one without usage, counted as max_tokens: 2,900 of the 2,500 used.
+    write_journal(tmp_path, "A", [record(pid, 100) for pid in ids[:19]] + [record(ids[19], None)])
+
+    (a,) = plan_of(tmp_path, config).sets
+
+    # The mean counts it the same way: (19 * 100 + 1000) / 20 = 145 per answer.
+    assert (a.left, a.per_answer, a.per_answer_source) == (10, 145, "journal")
+    assert (a.output_tokens, a.capped) == (0, True)
+    assert a.input_tokens == 0
+
+
+def test_a_partly_covered_token_budget_bills_the_share_of_prompts_it_reaches(tmp_path):
+    config = make_config(tmp_path, ["A"], budget={"output_tokens_per_dataset": 2500})
+    ids = write_prompts(tmp_path, "A", 30)
+    write_journal(tmp_path, "A", [record(pid, 100) for pid in ids[:20]])
+
+    (a,) = plan_of(tmp_path, config).sets
+
+    assert (a.left, a.output_tokens, a.capped) == (10, 500, True)
+    assert a.input_tokens == 500  # half of the ten prompts' 1,000 input tokens
+
+
+def test_dollars_use_the_dearest_kept_endpoint_on_each_side(tmp_path):
+    config = make_config(tmp_path, ["A"])
+    write_prompts(tmp_path, "A", 10)
+    write_providers(tmp_path)
+
+    plan = plan_of(tmp_path, config)
+
+    assert plan.prices == Prices(prompt=0.000001, completion=0.0001)
+    (a,) = plan.sets
+    assert a.usd == pytest.approx(1000 * 0.000001 + 5000 * 0.0001)
+    assert "price: $1/M input, $100/M output" in format_plan(plan)
+
+
+def test_the_remaining_budget_covers_sets_in_config_order(tmp_path):
+    # Each set: 2 prompts, 200 input tokens at $1/M and 2 x 5,000 output tokens at $100/M: $1.0002.
+    generation = {"max_tokens": 5000, "expected_completion_tokens": 5000}
+    config = make_config(tmp_path, ["A", "B", "C"], generation=generation, budget={"usd": 3.0})
+    for ds in ("A", "B", "C"):
+        write_prompts(tmp_path, ds, 2)
+    write_providers(tmp_path)
+    write_lines(
+        tmp_path / "results" / ".ledger" / "ledger.jsonl",
+        [
+            {"event": "started", "set": "A", "prompt_id": "x", "generation_id": "g1"},
+            {"event": "billed", "set": "A", "prompt_id": "x", "generation_id": "g1", "usd": 1.25},
+            {"event": "billed", "set": "B", "prompt_id": "y", "generation_id": "g2", "usd": 0.25},
+        ],
+    )
+
+    plan = plan_of(tmp_path, config)
+
+    assert plan.spent_usd == pytest.approx(1.5)
+    assert [item.usd for item in plan.sets] == [pytest.approx(1.0002)] * 3
+    assert [item.coverage for item in plan.sets] == ["full", "partly", "no"]
+    text = format_plan(plan)
+    assert "$1.5000 spent so far, $1.50 left" in text
+    assert "covers fully: A" in text and "covers partly: B" in text and "does not cover: C" in text
+    config["budget"]["usd"] = 1.0  # already overspent: nothing more is covered
+    assert [item.coverage for item in plan_of(tmp_path, config).sets] == ["no", "no", "no"]
+
+
+def test_prices_are_unknown_without_providers_json_or_for_another_model(tmp_path):
+    config = make_config(tmp_path, ["A", "B"])
+    write_prompts(tmp_path, "A", 2)
+    write_prompts(tmp_path, "B", 2)
+
+    plan = plan_of(tmp_path, config)
+    assert plan.prices is None and [(s.usd, s.coverage) for s in plan.sets] == [(None, "unknown")] * 2
+    assert "price: unknown" in format_plan(plan) and "cannot price: A, B" in format_plan(plan)
+
+    write_providers(tmp_path, model="vendor/other-model")
+    assert plan_of(tmp_path, config).prices is None
+
+
+def test_configured_prices_stand_in_until_providers_json_exists(tmp_path):
+    config = make_config(tmp_path, ["A", "B"], budget={"price_per_m_tokens": {"input": 1.0, "output": 4.0}})
+    write_prompts(tmp_path, "A", 2)
+    plan = plan_of(tmp_path, config)
+    assert plan.prices == Prices(1e-6, 4e-6, source="budget.price_per_m_tokens")
+    assert by_name(plan)["A"].usd == pytest.approx(2 * 100 * 1e-6 + 2 * 500 * 4e-6)
+    # B's prompts are not built: its input tokens are unknown, so its dollars are a floor (outputs only).
+    unbuilt = by_name(plan)["B"]
+    assert unbuilt.usd_at_least and unbuilt.usd == pytest.approx(40 * 500 * 4e-6)
+    assert ">=$0.0800" in format_plan(plan)
+    assert "(budget.price_per_m_tokens)" in format_plan(plan)
+    write_providers(tmp_path)
+    assert plan_of(tmp_path, config).prices.source.endswith("results/providers.json")
+
+
+def test_disk_counts_four_layers_of_every_token_still_to_extract(tmp_path):
+    config = make_config(tmp_path, ["A", "B", "C", "D"])
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"text_config": {"hidden_size": 8}}))
+    per_token = 4 * 8 * 2  # bfloat16
+    results = tmp_path / "results"
+    # A: generated; billed prompt + completion tokens from responses.jsonl (2 x 30).
+    write_lines(results / "A" / "responses.jsonl", [record("A-0", 20), record("A-1", 20)])
+    # B: tokens built; the exact count from the token file (77).
+    write_lines(results / "B" / "responses.jsonl", [record("B-0", 20)])
+    save_file({"input_ids": np.zeros(77, dtype=np.int32)}, str(results / "B" / "tokens.safetensors"))
+    # C: one answer in the journal (30 tokens), two prompts to go (100 in + 500 out each).
+    c_ids = write_prompts(tmp_path, "C", 3)
+    write_journal(tmp_path, "C", [record(c_ids[0], 20)])
+    # D: finished.
+    write_lines(results / "D" / "responses.jsonl", [record("D-0", 20)])
+    (results / "D" / "hidden.done").write_text("{}")
+
+    plan = plan_of(tmp_path, config)
+
+    assert [(s.status, s.disk_bytes) for s in plan.sets] == [
+        ("extract", 60 * per_token),
+        ("extract", 77 * per_token),
+        ("generate", 1230 * per_token),
+        ("done", None),
+    ]
+    assert "tokens x 4 layers x hidden 8 x 2 B (bfloat16) = 64 B per token" in format_plan(plan)
+
+
+def test_hidden_size_is_read_flat_or_nested_and_unknown_without_a_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 576}))
+    assert target_hidden_size(tmp_path) == 576
+    assert target_hidden_size(tmp_path / "absent") is None
+
+
+def test_input_tokens_come_from_the_targets_tokenizer_when_it_has_one(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    target = tmp_path / "target"
+    target.mkdir()
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(target / "tokenizer.json"))
+    template = (
+        "{% for m in messages %}{{ m.content }} {% endfor %}"
+        "{% if add_generation_prompt %}go{% endif %}"
+    )
+    settings = {"chat_template": template, "unk_token": "[UNK]"}
+    (target / "tokenizer_config.json").write_text(json.dumps(settings))
+    config = make_config(tmp_path, ["A"])
+    write_prompts(tmp_path, "A", 3, content="hello big world")  # 3 words + the generation prompt
+
+    plan = plan_of(tmp_path, config)
+
+    assert plan.input_method == "tokenizer" and plan.sets[0].input_tokens == 12
+    assert f"counted with {target / 'tokenizer.json'}" in format_plan(plan)
+
+
+def test_a_finished_run_has_nothing_left_to_buy(tmp_path):
+    config = make_config(tmp_path, ["A"])
+    write_lines(tmp_path / "results" / "A" / "responses.jsonl", [record("A-0", 20)])
+    (tmp_path / "results" / "A" / "hidden.done").write_text("{}")
+
+    assert "nothing left to buy" in format_plan(plan_of(tmp_path, config))
+
+
+def test_targets_narrow_the_plan_to_the_sets_they_name():
+    sets = ["B1", "B2", "B3"]
+    assert sets_named_by([], sets) == sets
+    assert sets_named_by(["results/B3/hidden.done", "./results/B1/responses.jsonl"], sets) == ["B1", "B3"]
+    assert sets_named_by(["resources/prompts/B2.jsonl"], sets) == []  # building prompts buys nothing
+    assert sets_named_by(["results/B2/tokens.safetensors", "results/drafter/model.safetensors"], sets) == sets
+    assert sets_named_by(["all"], sets) == sets
+
+
+def test_targets_are_read_from_a_snakemake_command_line_only():
+    argv = ["/venv/bin/snakemake", "-n", "--workflow-profile", "profiles/local", "results/B5/hidden.done"]
+    assert command_line_targets(argv) == ["results/B5/hidden.done"]
+    assert command_line_targets(["/x/snakemake/__main__.py", "--cores", "1"]) == []
+    assert command_line_targets(["/venv/bin/pytest", "results/B5/hidden.done"]) == []
+
+
+def test_a_dry_run_of_the_real_config_prints_the_plan_without_a_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OPENROUTER_KEY_FILE"}
+    env["HF_HUB_OFFLINE"] = "1"
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+               "--configfile", str(REPO / "config.yaml"), "-n"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+    assert run.returncode == 0, run.stderr[-2000:]
+    plan = run.stderr.split("eaglepipe spend plan")[1]
+    assert plan.startswith(" (no request sent, no key read")
+    rows = {line.split()[0]: line.split() for line in plan.splitlines() if line.startswith("B")}
+    assert list(rows) == [f"B{i}" for i in range(1, 9)]
+    assert rows["B3"][1:4] == ["generate", "7,473", "7,473"]
+    assert "spend plan" not in run.stdout and not (tmp_path / "results").exists()
