@@ -1,7 +1,9 @@
-"""`python -m eaglepipe.emulator --model-dir DIR`: serve the local model with OpenRouter's API.
+"""`python -m eaglepipe.emulator --model-dir DIR | --synthetic`: OpenRouter's API on loopback.
 
-The port file is written (atomically) only once the model is loaded and the socket is listening, so
-whoever waits for it can send requests at once; it is removed again on a clean shutdown.
+`--model-dir` serves the local model; `--synthetic` serves made-up answers at a provider's pace with no
+model at all (torch is never imported), to rehearse thousands of requests in flight. The port file is
+written (atomically) only once the server is listening, so whoever waits for it can send requests at
+once; it is removed again on a clean shutdown.
 """
 
 from __future__ import annotations
@@ -10,28 +12,39 @@ import argparse
 import asyncio
 import json
 import logging
+import resource
 import signal
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 import uvicorn
 
-from eaglepipe.emulator.app import Emulator, build_app
-from eaglepipe.emulator.engine import Engine
+from eaglepipe.emulator.app import Emulator, build_app, hide_injected_resets
+from eaglepipe.emulator.backend import TokenEngine, TokenText
 from eaglepipe.emulator.errors import EmulatorError
+from eaglepipe.emulator.faults import load_faults
 from eaglepipe.emulator.providers import load_endpoints
 from eaglepipe.io import atomic_write
-from eaglepipe.target.load import load_target
 
 log = logging.getLogger("eaglepipe.emulator")
+
+# Synthetic-mode options: (default, lowest allowed); they mean nothing to a model.
+SYNTHETIC_OPTIONS: dict[str, tuple[float, float]] = {
+    "mean_tokens": (300.0, 1.0),
+    "length_sigma": (1.0, 0.0),
+    "tokens_per_s": (50.0, 0.0),
+    "latency_s": (0.2, 0.0),
+    "context_length": (262_144, 2),
+}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m eaglepipe.emulator", description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, required=True, help="Hugging Face model directory to serve")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-dir", type=Path, help="Hugging Face model directory to serve")
+    source.add_argument("--synthetic", action="store_true", help="serve made-up answers, no model")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 binds a free port (see --port-file)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
@@ -42,24 +55,54 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--credit-limit", type=float, metavar="USD", help="answer 402 once this much is charged"
     )
     parser.add_argument("--model-id", default="local/smollm2-135m-instruct", help="the id clients ask for")
-    parser.add_argument("--max-batch", type=int, default=16, help="most requests generated together")
     parser.add_argument(
         "--require-key-file",
         type=Path,
         metavar="PATH",
         help="answer 401 unless the bearer token equals this file's content",
     )
+    parser.add_argument("--tokens-per-event", type=int, default=1, help="tokens per streamed data chunk")
+    parser.add_argument("--faults", type=Path, metavar="FILE", help="YAML/JSON list of fault rules to inject")
+    parser.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws")
     parser.add_argument(
+        "--generation-delay-s",
+        type=float,
+        default=0.0,
+        help="/generation answers 404 for this long after a generation ends, as OpenRouter does",
+    )
+    model = parser.add_argument_group("model mode")
+    model.add_argument("--max-batch", type=int, default=16, help="most requests generated together")
+    model.add_argument(
         "--threads",
         type=int,
         default=1,
         help="torch threads for the model; 1 is fastest on a shared machine (batching gives the throughput)",
     )
+    synthetic = parser.add_argument_group("synthetic mode")
+    synthetic.add_argument("--mean-tokens", type=float, help="mean answer length in tokens (300)")
+    synthetic.add_argument("--length-sigma", type=float, help="lognormal shape of answer lengths (1.0)")
+    synthetic.add_argument("--tokens-per-s", type=float, help="decode rate per request, 0 = instant (50)")
+    synthetic.add_argument("--latency-s", type=float, help="seconds to the first token (0.2)")
+    synthetic.add_argument("--context-length", type=int, help="the model's context length (262144)")
+    synthetic.add_argument("--seed", type=int, help="seed of the answers (default: a new one each start)")
     args = parser.parse_args(argv)
     if args.model_id.count("/") != 1:
         parser.error("--model-id must look like author/slug")
-    if args.max_batch < 1 or args.threads < 1:
-        parser.error("--max-batch and --threads must be at least 1")
+    if args.max_batch < 1 or args.threads < 1 or args.tokens_per_event < 1:
+        parser.error("--max-batch, --threads and --tokens-per-event must be at least 1")
+    if args.generation_delay_s < 0:
+        parser.error("--generation-delay-s must not be negative")
+    given = [name for name in [*SYNTHETIC_OPTIONS, "seed"] if getattr(args, name) is not None]
+    if args.model_dir is not None and given:
+        parser.error(f"--{given[0].replace('_', '-')} applies only with --synthetic")
+    for name, (default, lowest) in SYNTHETIC_OPTIONS.items():
+        value = getattr(args, name)
+        if value is None:
+            setattr(args, name, default)
+        elif value < lowest:
+            parser.error(f"--{name.replace('_', '-')} must be at least {lowest:g}")
+    if args.length_sigma > 4:
+        parser.error("--length-sigma above 4 gives lengths beyond any context; use 0 to 4")
     return args
 
 
@@ -76,7 +119,10 @@ def _read_key(path: Path | None) -> str | None:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP spelled out: asyncio turns Nagle's algorithm off only on sockets that say so, and
+    # with it on, each answer written in two parts waits ~40 ms for the client's delayed ACK.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -88,10 +134,25 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _allow_many_connections() -> None:
+    """Thousands of clients in flight need as many sockets: raise the open-file limit to the hard one."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 async def _serve(app: object, sock: socket.socket, host: str, port_file: Path | None) -> None:
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=3)
+    # Idle connections stay open 75 s (nginx's default) rather than uvicorn's 5 s: a client pool of
+    # thousands otherwise reuses connections just as the server closes them, and sees read errors.
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=75,
     )
+    server = uvicorn.Server(config)
+    logging.getLogger("uvicorn.error").addFilter(hide_injected_resets)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
@@ -119,37 +180,65 @@ def _context_length(model_dir: Path) -> int:
         ) from None
 
 
+def _model_backend(args: argparse.Namespace) -> tuple[TokenEngine, TokenText]:
+    """The real model: imported here, so that synthetic mode never loads torch or transformers."""
+    import torch
+
+    from eaglepipe.emulator.engine import Engine
+    from eaglepipe.emulator.text import TokenizerText
+    from eaglepipe.target.load import load_target
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_target(args.model_dir)
+    return Engine(model, tokenizer, max_batch=args.max_batch), TokenizerText(tokenizer)
+
+
+def _synthetic_backend(args: argparse.Namespace) -> tuple[TokenEngine, TokenText]:
+    from eaglepipe.emulator.synthetic import Pace, SyntheticEngine, WordText
+
+    engine = SyntheticEngine(
+        pace=Pace(latency_s=args.latency_s, tokens_per_s=args.tokens_per_s),
+        mean_tokens=args.mean_tokens,
+        length_sigma=args.length_sigma,
+        seed=args.seed,
+    )
+    return engine, WordText()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # uvicorn handles SIGTERM/SIGINT while serving and re-raises them after its clean shutdown; exit quietly.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:  # everything that can be wrong with the command line fails here, before the model loads
+    try:  # everything that can be wrong with the command line fails here, before a model loads
         api_key = _read_key(args.require_key_file)
-        context_length = _context_length(args.model_dir)
+        faults = load_faults(args.faults, args.fault_seed)
+        context_length = args.context_length if args.synthetic else _context_length(args.model_dir)
         endpoints = load_endpoints(args.config, args.model_id, context_length)
         sock = _bind(args.host, args.port)
     except EmulatorError as exc:
         print(f"emulator: {exc}", file=sys.stderr)
         return 2
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_target(args.model_dir)
-    engine = Engine(model, tokenizer, max_batch=args.max_batch)
+    _allow_many_connections()
+    engine, text = _synthetic_backend(args) if args.synthetic else _model_backend(args)
     emulator = Emulator(
         engine,
-        tokenizer,
+        text,
         endpoints,
         model_id=args.model_id,
         context_length=context_length,
         credit_limit=args.credit_limit,
         api_key=api_key,
+        faults=faults,
+        tokens_per_event=args.tokens_per_event,
+        generation_delay_s=args.generation_delay_s,
     )
     log.info(
-        "serving %s from %s: %d endpoints, max batch %d%s",
+        "serving %s from %s: %d endpoints%s%s",
         args.model_id,
-        args.model_dir,
+        "synthetic answers" if args.synthetic else f"{args.model_dir} (max batch {args.max_batch})",
         len(endpoints),
-        args.max_batch,
+        f", faults from {args.faults}" if args.faults else "",
         ", key required" if api_key else "",
     )
     try:

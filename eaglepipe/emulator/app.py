@@ -1,9 +1,11 @@
 """The HTTP side: OpenRouter's paths under /api/v1, answered from the engine and the endpoint table.
 
-Beyond OpenRouter's API, `GET /api/v1/emulator/stats` reports what the server saw (requests received
-and billed, dollars, tokens, batches), so tests and rehearsals can check what a client really sent.
-Streams carry `choices[0].token_ids` per chunk and `prompt_token_ids` on the first chunk when the
-request sets `return_token_ids` (the vLLM/SGLang extension); non-streamed answers carry them once.
+Model mode and synthetic mode share every line here; only the engine and the text side differ
+(backend.py). Beyond OpenRouter's API, `/api/v1/emulator/` reports what the server saw (`GET stats`:
+requests received and billed, dollars, tokens, batches, in flight, injected faults) and lets a test
+change the credit limit live (`POST credit`). Streams carry `choices[0].token_ids` per chunk and
+`prompt_token_ids` on the first chunk when the request sets `return_token_ids` (the vLLM/SGLang
+extension); non-streamed answers carry them once.
 """
 
 from __future__ import annotations
@@ -12,31 +14,45 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import os
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
+from eaglepipe.emulator.backend import EngineError, GeneratedToken, GenerationRequest, TokenEngine, TokenText
 from eaglepipe.emulator.chat_request import ChatRequest, parse_chat_request
 from eaglepipe.emulator.completion import Completion, logprobs_body
-from eaglepipe.emulator.engine import Engine, EngineError, GenerationRequest
 from eaglepipe.emulator.errors import ApiError
+from eaglepipe.emulator.faults import NO_FAULT, FaultPlan, FaultRule
 from eaglepipe.emulator.providers import Endpoint
-from eaglepipe.emulator.routing import route
-from eaglepipe.emulator.text import StreamDecoder, TokenBytes, decode
-from eaglepipe.target.chat import render_prompt_ids
+from eaglepipe.emulator.routing import route, slug_matches
 
 log = logging.getLogger(__name__)
 
 KEPT_GENERATIONS = 200_000  # `/generation` answers for this many recent ids; older ones are forgotten
+PROCESSING = ": OPENROUTER PROCESSING\n\n"
+DONE = "data: [DONE]\n\n"
+
+
+class InjectedReset(Exception):
+    """Raised to break a connection on purpose (the `reset` fault)."""
+
+
+def hide_injected_resets(record: logging.LogRecord) -> bool:
+    """A log filter for uvicorn, which logs every exception that ends a response: a reset on purpose
+    is no error."""
+    return not (record.exc_info and isinstance(record.exc_info[1], InjectedReset))
 
 
 @dataclass
@@ -44,13 +60,18 @@ class Ledger:
     """What the server has been asked and charged; all of it lives on the event loop's thread."""
 
     credit_limit: float | None = None
+    generation_delay_s: float = 0.0
     requests_received: int = 0
     requests_billed: int = 0
+    responses_completed: int = 0
+    in_flight: int = 0
     usd_charged: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     errors: Counter[int] = field(default_factory=Counter)
-    generations: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
+    faults: Counter[str] = field(default_factory=Counter)
+    # id -> (monotonic time from which `/generation` shows it, its record)
+    generations: OrderedDict[str, tuple[float, dict[str, Any]]] = field(default_factory=OrderedDict)
 
     def check_credit(self) -> None:
         if self.credit_limit is not None and self.usd_charged >= self.credit_limit:
@@ -67,42 +88,115 @@ class Ledger:
             self.usd_charged += completion.costs()[2]
             self.prompt_tokens += completion.prompt_tokens
             self.completion_tokens += completion.completion_tokens
-        self.generations[completion.id] = completion.generation_record()
+        self.responses_completed += completion.complete
+        visible_from = time.monotonic() + self.generation_delay_s
+        self.generations[completion.id] = (visible_from, completion.generation_record())
         while len(self.generations) > KEPT_GENERATIONS:
             self.generations.popitem(last=False)
+
+    def generation(self, generation_id: str) -> dict[str, Any] | None:
+        """The record, once `generation_delay_s` has passed since the generation ended (as on OpenRouter)."""
+        visible_from, record = self.generations.get(generation_id, (math.inf, {}))
+        return record if time.monotonic() >= visible_from else None
+
+
+@dataclass(eq=False)
+class _Answer:
+    """One request being generated; `fails_after` is where an injected midstream error cuts it."""
+
+    chat: ChatRequest
+    completion: Completion
+    generation: GenerationRequest
+    tokens: AsyncIterator[GeneratedToken]
+    fails_after: int | None = None
+    settled: bool = False
+
+
+class _EventStream(StreamingResponse):
+    """An SSE answer that calls `on_close` however the connection ends, even before its first event."""
+
+    def __init__(
+        self, events: AsyncIterator[str], on_close: Callable[[], None], headers: dict[str, str]
+    ) -> None:
+        headers = {**headers, "Cache-Control": "no-cache"}
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
+def _sse_answer(chunks: list[dict[str, Any]], headers: dict[str, str]) -> Response:
+    """A short stream sent whole: the injected answers that carry no tokens."""
+    text = PROCESSING + "".join(_sse(chunk) for chunk in chunks) + DONE
+    return Response(text, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+
+
+def _dropped_connection(streamed: bool, headers: dict[str, str]) -> Response:
+    """The headers of a 200 and the start of its body, then the connection breaks (the `reset` fault):
+    a streamed answer never sends its last chunk, a plain one promises more bytes than it sends."""
+
+    async def partial_body() -> AsyncIterator[bytes]:
+        yield PROCESSING.encode() if streamed else b'{"id":'
+        raise InjectedReset("connection dropped on purpose (emulator fault injection)")
+
+    if streamed:
+        return StreamingResponse(partial_body(), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(
+        partial_body(), media_type="application/json", headers={**headers, "Content-Length": "4096"}
+    )
+
+
+def _injected_failure() -> ApiError:
+    return ApiError(502, "Provider returned an error mid-answer (emulator fault injection)", "upstream")
+
+
+def _is_usd_limit(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
+    )
+
+
 def _error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
 
 class Emulator:
-    """One served model: its endpoint table, engine, billing and (optional) key."""
+    """One served model: its endpoint table, engine, text side, billing, faults and (optional) key."""
 
     def __init__(
         self,
-        engine: Engine,
-        tokenizer: Any,
+        engine: TokenEngine,
+        text: TokenText,
         endpoints: Sequence[Endpoint],
         *,
         model_id: str,
         context_length: int,
         credit_limit: float | None = None,
         api_key: str | None = None,
+        faults: FaultPlan | None = None,
+        tokens_per_event: int = 1,
+        generation_delay_s: float = 0.0,
     ) -> None:
         self.engine = engine
-        self.tokenizer = tokenizer
+        self.text = text
         self.endpoints = list(endpoints)
         self.model_id = model_id
         self.context_length = context_length
         self.api_key = api_key
-        self.ledger = Ledger(credit_limit=credit_limit)
-        self.token_bytes = TokenBytes(tokenizer)
+        self.faults = faults or FaultPlan()
+        self.tokens_per_event = tokens_per_event
+        self.ledger = Ledger(credit_limit=credit_limit, generation_delay_s=generation_delay_s)
         self.started_at = int(time.time())
+        self.started = time.monotonic()
+        self._running_out: set[asyncio.Task[None]] = set()
 
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:
@@ -213,12 +307,14 @@ class Emulator:
     async def generation(self, request: Request) -> Response:
         try:
             self._authorize(request)
-            record = self.ledger.generations.get(request.query_params.get("id", ""))
+            record = self.ledger.generation(request.query_params.get("id", ""))
             if record is None:
                 raise ApiError(404, f"Generation {request.query_params.get('id')!r} not found", "not_found")
         except ApiError as exc:
             return _error(exc)
         return JSONResponse({"data": record})
+
+    # --- the emulator's own paths ----------------------------------------------------------------
 
     async def stats(self, request: Request) -> Response:
         ledger, engine = self.ledger, self.engine
@@ -227,19 +323,41 @@ class Emulator:
                 "pid": os.getpid(),
                 "requests_received": ledger.requests_received,
                 "requests_billed": ledger.requests_billed,
+                "responses_completed": ledger.responses_completed,
+                "in_flight": ledger.in_flight,
                 "usd_charged": ledger.usd_charged,
+                "credit_limit": ledger.credit_limit,
                 "prompt_tokens": ledger.prompt_tokens,
                 "completion_tokens": ledger.completion_tokens,
                 "errors": {str(status): n for status, n in sorted(ledger.errors.items())},
+                "faults": dict(sorted(ledger.faults.items())),
                 "batches": engine.batches,
                 "batched_sequences": engine.sequences,
                 "largest_batch": engine.largest_batch,
             }
         )
 
+    async def credit(self, request: Request) -> Response:
+        """`{"limit": USD}` or `{"limit": null}`: the credit limit from now on (402 once it is spent)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not (isinstance(body, dict) and set(body) == {"limit"} and _is_usd_limit(body["limit"])):
+            return _error(
+                ApiError(
+                    400,
+                    'send {"limit": USD} with a non-negative number, or {"limit": null} for no limit',
+                    "invalid_request",
+                )
+            )
+        limit = body["limit"]
+        self.ledger.credit_limit = None if limit is None else float(limit)
+        return JSONResponse({"limit": self.ledger.credit_limit, "usage": self.ledger.usd_charged})
+
     # --- completions -----------------------------------------------------------------------------
 
-    async def _prepare(self, request: Request) -> tuple[ChatRequest, Completion, GenerationRequest]:
+    async def _prepare(self, request: Request) -> tuple[ChatRequest, Endpoint, GenerationRequest]:
         self._authorize(request)
         try:
             body = await request.json()
@@ -254,7 +372,7 @@ class Emulator:
             )
         self.ledger.check_credit()
         try:
-            prompt_ids = render_prompt_ids(self.tokenizer, chat.messages, chat.tools)
+            prompt_ids = self.text.prompt_ids(chat.messages, chat.tools)
         except Exception as exc:  # a template error on odd messages is the client's to fix
             raise ApiError(
                 400, f"messages cannot be rendered by the model's chat template: {exc}", "invalid_prompt"
@@ -276,98 +394,198 @@ class Emulator:
         wanted = chat.max_tokens if endpoint.supports("max_tokens") else None
         max_tokens = min(wanted or endpoint.public["max_completion_tokens"] or room, room)
         generation = GenerationRequest(
-            prompt_ids=prompt_ids, max_tokens=max_tokens, **chat.sampling_on(endpoint)
+            prompt_ids=prompt_ids,
+            max_tokens=max_tokens,
+            event_tokens=self.tokens_per_event if chat.stream else max_tokens,
+            **chat.sampling_on(endpoint),
         )
+        return chat, endpoint, generation
+
+    def _stray_endpoint(self, served: Endpoint, provider: dict[str, Any] | None) -> Endpoint | None:
+        """Where a misbehaving router sends the request: the cheapest live endpoint outside `only`."""
+        only = [slug.lower() for slug in (provider or {}).get("only", [])]
+        outside = [
+            e
+            for e in self.endpoints
+            if e is not served and e.status == 0 and not any(slug_matches(s, e.tag) for s in only)
+        ]
+        return min(outside, key=lambda e: e.price("prompt") + e.price("completion"), default=None)
+
+    def _fault_for(self, chat: ChatRequest, endpoint: Endpoint) -> tuple[FaultRule, Endpoint]:
+        """This request's fault (NO_FAULT for none) and the endpoint that serves and bills it."""
+        fault = self.faults.draw(time.monotonic() - self.started)
+        if fault.kind == "wrong_provider":
+            stray = self._stray_endpoint(endpoint, chat.provider)
+            if stray is None:  # no live endpoint lies outside what the request allows
+                return NO_FAULT, endpoint
+            endpoint = stray
+        if fault is not NO_FAULT:
+            self.ledger.faults[fault.kind] += 1
+        return fault, endpoint
+
+    async def chat_completions(self, request: Request) -> Response:
+        ledger = self.ledger
+        ledger.requests_received += 1
+        ledger.in_flight += 1
+        response: Response | None = None
+        try:
+            response = await self._respond(request)
+        except ApiError as exc:
+            ledger.errors[exc.status] += 1
+            response = _error(exc)
+        finally:
+            if not isinstance(response, _EventStream):  # a stream leaves the count when it closes
+                ledger.in_flight -= 1
+        return response
+
+    async def _respond(self, request: Request) -> Response:
+        chat, endpoint, generation = await self._prepare(request)
+        fault, endpoint = self._fault_for(chat, endpoint)
+        if fault.kind in ("status", "burst"):
+            raise fault.api_error()
         completion = Completion(
             model_id=self.model_id,
             endpoint=endpoint,
-            prompt_ids=prompt_ids,
+            prompt_ids=generation.prompt_ids,
             stop_id=self.engine.stop_id,
             streamed=chat.stream,
         )
-        return chat, completion, generation
+        headers = {"X-Generation-Id": completion.id}
+        if fault.kind == "stall":
+            await asyncio.sleep(fault.seconds)
+        elif fault.kind == "reset":
+            return _dropped_connection(chat.stream, headers)
+        elif fault.kind == "empty_choices":
+            return self._empty_answer(chat, completion, headers)
+        elif fault.kind == "error_in_200" or (fault.kind == "midstream_error" and not chat.stream):
+            return self._error_answer(chat, completion, headers)
+        answer = _Answer(
+            chat,
+            completion,
+            generation,
+            self.engine.stream(generation),
+            fails_after=fault.after_tokens if fault.kind == "midstream_error" else None,
+        )
+        if chat.stream:
+            return _EventStream(self._events(answer), partial(self._end_stream, answer), headers)
+        return await self._whole_answer(answer, headers)
 
-    def _settle(self, completion: Completion, finished: bool, failed: bool = False) -> None:
-        completion.cancelled = not finished and not failed
-        completion.failed = failed
+    def _empty_answer(self, chat: ChatRequest, completion: Completion, headers: dict[str, str]) -> Response:
+        """An HTTP 200 without choices, as OpenRouter sometimes sends; nothing is billed."""
+        if chat.stream:
+            return _sse_answer([completion.usage_chunk()], headers)
+        body = {**completion.header("chat.completion"), "choices": [], "usage": completion.usage()}
+        return JSONResponse(body, headers=headers)
+
+    def _error_answer(self, chat: ChatRequest, completion: Completion, headers: dict[str, str]) -> Response:
+        """An HTTP 200 that carries a provider's error instead of an answer; nothing is billed."""
+        error = _injected_failure()
+        self.ledger.errors[error.status] += 1
+        completion.failed = True
+        if chat.stream:
+            return _sse_answer([completion.error_chunk(error.body()["error"])], headers)
+        return JSONResponse(completion.error_body(error.body()["error"]), headers=headers)
+
+    def _settle(self, completion: Completion, *, client_left: bool = False) -> None:
+        completion.cancelled = client_left or not (completion.complete or completion.failed)
         completion.finished_s = time.monotonic() - completion.started
         self.ledger.record(completion)
 
-    async def chat_completions(self, request: Request) -> Response:
-        self.ledger.requests_received += 1
+    async def _whole_answer(self, answer: _Answer, headers: dict[str, str]) -> Response:
+        completion = answer.completion
         try:
-            chat, completion, generation = await self._prepare(request)
-        except ApiError as exc:
-            self.ledger.errors[exc.status] += 1
-            return _error(exc)
-        headers = {"X-Generation-Id": completion.id}
-        if chat.stream:
-            return StreamingResponse(
-                self._events(chat, completion, generation),
-                media_type="text/event-stream",
-                headers={**headers, "Cache-Control": "no-cache"},
-            )
-        finished = failed = False
-        try:
-            async for token in self.engine.stream(generation):
+            async for token in answer.tokens:
                 completion.add(token)
-            finished = True
+            completion.complete = True
         except EngineError as exc:
-            failed = True
-            self.ledger.errors[500] += 1
-            return _error(ApiError(500, str(exc), "server"))
+            completion.failed = True
+            raise ApiError(500, str(exc), "server") from None
         finally:
-            self._settle(completion, finished, failed)
+            self._settle(completion)
         logprobs = (
-            logprobs_body(completion.answer_tokens, self.token_bytes)
-            if generation.top_logprobs is not None
+            logprobs_body(completion.answer_tokens, self.text.token_bytes)
+            if answer.generation.top_logprobs is not None
             else None
         )
-        content = decode(self.tokenizer, completion.completion_ids)
-        return JSONResponse(completion.body(content, logprobs, chat.return_token_ids), headers=headers)
+        content = self.text.decode(completion.completion_ids)
+        return JSONResponse(completion.body(content, logprobs, answer.chat.return_token_ids), headers=headers)
 
-    async def _events(
-        self, chat: ChatRequest, completion: Completion, generation: GenerationRequest
-    ) -> AsyncIterator[str]:
-        decoder = StreamDecoder(self.tokenizer)
-        finished = failed = False
+    async def _events(self, answer: _Answer) -> AsyncIterator[str]:
+        """The SSE events of a streamed answer, `event_tokens` tokens per content chunk."""
+        chat, completion, generation = answer.chat, answer.completion, answer.generation
+        decoder = self.text.decoder()
         chunks_sent = 0
 
-        def with_prompt_ids(chunk: dict[str, Any]) -> dict[str, Any]:
+        def event(chunk: dict[str, Any]) -> str:
+            nonlocal chunks_sent
             if chat.return_token_ids and chunks_sent == 0:
                 chunk["prompt_token_ids"] = completion.prompt_ids
-            return chunk
+            chunks_sent += 1
+            return _sse(chunk)
 
-        yield ": OPENROUTER PROCESSING\n\n"
-        try:
-            async for token in self.engine.stream(generation):
-                completion.add(token)
-                if token.token_id == completion.stop_id:
-                    continue
-                logprobs = logprobs_body([token], self.token_bytes) if token.logprob is not None else None
-                chunk = completion.chunk(
-                    decoder.push(token.token_id),
-                    logprobs=logprobs,
-                    token_ids=[token.token_id] if chat.return_token_ids else None,
-                )
-                yield _sse(with_prompt_ids(chunk))
-                chunks_sent += 1
-            finished = True
-            yield _sse(with_prompt_ids(completion.chunk(decoder.flush(), finish=True)))
-            yield _sse(completion.usage_chunk())
-        except EngineError as exc:
-            failed = True
-            self.ledger.errors[500] += 1
-            yield _sse(
-                {
-                    **completion.header("chat.completion.chunk"),
-                    "error": {"code": 500, "message": str(exc), "metadata": {"error_type": "server"}},
-                    "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
-                }
+        def content(tokens: list[GeneratedToken]) -> str:
+            logprobs = (
+                logprobs_body(tokens, self.text.token_bytes) if generation.top_logprobs is not None else None
             )
+            return event(
+                completion.chunk(
+                    "".join([decoder.push(t.token_id) for t in tokens]),
+                    logprobs=logprobs,
+                    token_ids=[t.token_id for t in tokens] if chat.return_token_ids else None,
+                )
+            )
+
+        yield PROCESSING
+        group: list[GeneratedToken] = []
+        try:
+            async for token in answer.tokens:
+                completion.add(token)
+                if token.token_id != completion.stop_id:
+                    group.append(token)
+                if len(group) == generation.event_tokens:
+                    yield content(group)
+                    group = []
+                    if answer.fails_after is not None and len(completion.tokens) >= answer.fails_after:
+                        raise _injected_failure()
+            if group:
+                yield content(group)
+            if answer.fails_after is not None:  # the answer ended before the planned failure
+                raise _injected_failure()
+            completion.complete = True
+            yield event(completion.chunk(decoder.flush(), finish=True))
+            yield _sse(completion.usage_chunk())
+        except (EngineError, ApiError) as exc:
+            error = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), "server")
+            completion.failed = True
+            self.ledger.errors[error.status] += 1
+            yield _sse(completion.error_chunk(error.body()["error"]))
+        self._end_stream(answer)  # before the last bytes, so `/generation` knows it once they arrive
+        yield DONE
+
+    def _end_stream(self, answer: _Answer) -> None:
+        """Settle a stream once, however it ended. A client that left an engine that cannot cancel is
+        billed for the whole answer, once the engine has run it out."""
+        if answer.settled:
+            return
+        answer.settled = True
+        completion = answer.completion
+        if completion.complete or completion.failed or self.engine.cancellable:
+            self._settle(completion)
+            self.ledger.in_flight -= 1
+            return
+        task = asyncio.get_running_loop().create_task(self._run_out(answer))
+        self._running_out.add(task)
+        task.add_done_callback(self._running_out.discard)
+
+    async def _run_out(self, answer: _Answer) -> None:
+        completion = answer.completion
+        try:
+            async for token in answer.tokens:
+                completion.add(token)
+            completion.complete = True
         finally:
-            self._settle(completion, finished, failed)
-        yield "data: [DONE]\n\n"
+            self._settle(completion, client_left=True)
+            self.ledger.in_flight -= 1
 
 
 def build_app(emulator: Emulator) -> Starlette:
@@ -379,6 +597,7 @@ def build_app(emulator: Emulator) -> Starlette:
         Route("/api/v1/generation", emulator.generation),
         Route("/api/v1/chat/completions", emulator.chat_completions, methods=["POST"]),
         Route("/api/v1/emulator/stats", emulator.stats),
+        Route("/api/v1/emulator/credit", emulator.credit, methods=["POST"]),
     ]
 
     @asynccontextmanager

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from eaglepipe.emulator.engine import GeneratedToken
+from eaglepipe.emulator.backend import GeneratedToken
 from eaglepipe.emulator.providers import Endpoint
-from eaglepipe.emulator.text import TokenBytes
 
 
 def new_generation_id() -> str:
@@ -19,7 +19,11 @@ def new_generation_id() -> str:
 
 @dataclass
 class Completion:
-    """One request's generation; its counts follow the endpoint's billing convention."""
+    """One request's generation; its counts follow the endpoint's billing convention.
+
+    `complete`: the engine produced the whole answer; `cancelled`: the client left before its end
+    (both hold for a provider that cannot cancel); `failed`: it ended in an error.
+    """
 
     model_id: str
     endpoint: Endpoint
@@ -32,6 +36,7 @@ class Completion:
     tokens: list[GeneratedToken] = field(default_factory=list)
     first_token_s: float | None = None
     finished_s: float | None = None
+    complete: bool = False
     cancelled: bool = False
     failed: bool = False
 
@@ -57,7 +62,7 @@ class Completion:
     def finish_reason(self) -> str | None:
         if self.failed:
             return "error"
-        if self.cancelled and not self.stopped:
+        if not self.complete and not self.stopped:
             return None
         return "stop" if self.stopped else "length"
 
@@ -67,8 +72,8 @@ class Completion:
 
     @property
     def completion_tokens(self) -> int:
-        billed_stop = self.stopped and self.endpoint.bills_stop_token
-        return len(self.completion_ids) + int(billed_stop)
+        """Counted, not listed: billing asks this several times per answer."""
+        return len(self.tokens) - int(self.stopped and not self.endpoint.bills_stop_token)
 
     @property
     def billed(self) -> bool:
@@ -149,6 +154,26 @@ class Completion:
     def usage_chunk(self) -> dict[str, Any]:
         return {**self.header("chat.completion.chunk"), "choices": [], "usage": self.usage()}
 
+    def error_body(self, error: dict[str, Any]) -> dict[str, Any]:
+        """The HTTP 200 whose only choice failed, as OpenRouter sends when a provider errs."""
+        choice = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": "error",
+            "native_finish_reason": "error",
+            "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None},
+            "error": error,
+        }
+        return {**self.header("chat.completion"), "choices": [choice], "usage": self.usage()}
+
+    def error_chunk(self, error: dict[str, Any]) -> dict[str, Any]:
+        """A failure inside a stream: a top-level `error` and `finish_reason: "error"`."""
+        return {
+            **self.header("chat.completion.chunk"),
+            "error": error,
+            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+        }
+
     def generation_record(self) -> dict[str, Any]:
         """What `GET /generation?id=` answers, in its `data`."""
         _, _, cost = self.costs()
@@ -199,7 +224,7 @@ class Completion:
         }
 
 
-def logprobs_body(tokens: list[GeneratedToken], token_bytes: TokenBytes) -> dict[str, Any]:
+def logprobs_body(tokens: list[GeneratedToken], token_bytes: Callable[[int], bytes]) -> dict[str, Any]:
     """OpenAI's `logprobs` object: per answer token its text, UTF-8 bytes and alternatives."""
 
     def entry(token_id: int, logprob: float) -> dict[str, Any]:

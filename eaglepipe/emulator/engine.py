@@ -24,32 +24,10 @@ from typing import Any
 
 import torch
 
+from eaglepipe.emulator.backend import EngineError, GeneratedToken, GenerationRequest
 from eaglepipe.target.chat import stop_token_id
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """What the model needs to know; `top_logprobs` None means no logprobs at all."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    top_logprobs: int | None = None
-
-
-@dataclass(frozen=True)
-class GeneratedToken:
-    token_id: int
-    logprob: float | None = None
-    top: tuple[tuple[int, float], ...] = ()
-
-
-class EngineError(RuntimeError):
-    """The model failed while generating; the request gets a server error."""
 
 
 _END = object()
@@ -71,7 +49,12 @@ class _Job:
 
 
 class Engine:
-    """Owns the model; `stream` is the only way in, from any coroutine on one event loop."""
+    """Owns the model; `stream` is the only way in, from any coroutine on one event loop.
+
+    It ignores `GenerationRequest.event_tokens`: tokens leave as soon as the model makes them.
+    """
+
+    cancellable = True  # a client that goes away frees its row; it is billed for what it received
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 16, gather_s: float = 0.005) -> None:
         self.model = model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -10,13 +11,36 @@ class EmulatorError(RuntimeError):
 
 
 class ApiError(Exception):
-    """An HTTP error in OpenRouter's body shape, so the client under test handles the real thing."""
+    """An HTTP error in OpenRouter's body shape, so the client under test handles the real thing.
 
-    def __init__(self, status: int, message: str, error_type: str, **metadata: Any) -> None:
+    With `retry_after_s` the answer carries a `Retry-After` header and the wait in the body too
+    (`error.metadata.retry_after`, `error.availability`), the places OpenRouter's clients look.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        error_type: str,
+        *,
+        retry_after_s: float | None = None,
+        **metadata: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after_s = retry_after_s
         self.metadata = {"error_type": error_type, **metadata}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.status, "message": self.message, "metadata": self.metadata}}
+        error: dict[str, Any] = {"code": self.status, "message": self.message, "metadata": self.metadata}
+        if self.retry_after_s is not None:
+            error["metadata"] = {**self.metadata, "retry_after": self.retry_after_s}
+            error["availability"] = {"retry_after": self.retry_after_s, "retryable": True}
+        return {"error": error}
+
+    def headers(self) -> dict[str, str]:
+        """`Retry-After` in whole seconds, rounded up: HTTP allows no fraction there."""
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(math.ceil(self.retry_after_s))}

@@ -55,13 +55,14 @@ def _last_line(log_path: Path) -> str:
 
 @contextlib.contextmanager
 def running_emulator(
-    model_dir: Path,
+    model_dir: Path | None,
     *,
     extra_args: Sequence[str] = (),
     log_path: Path | None = None,
     startup_timeout_s: float = 120,
 ) -> Iterator[str]:
-    """Yield the base URL (`http://127.0.0.1:PORT/api/v1`) of an emulator serving `model_dir`."""
+    """Yield the base URL (`http://127.0.0.1:PORT/api/v1`) of an emulator serving `model_dir`, or
+    synthetic answers when it is None (`extra_args` then carry the synthetic options)."""
     with tempfile.TemporaryDirectory(prefix="eaglepipe-emulator-") as scratch:
         port_file = Path(scratch) / "port"
         log_path = log_path or Path(scratch) / "emulator.log"
@@ -69,8 +70,7 @@ def running_emulator(
             sys.executable,
             "-m",
             "eaglepipe.emulator",
-            "--model-dir",
-            str(model_dir),
+            *(["--synthetic"] if model_dir is None else ["--model-dir", str(model_dir)]),
             "--host",
             "127.0.0.1",
             "--port",

@@ -1,10 +1,12 @@
-"""Token ids to the text (and bytes) a provider sends back."""
+"""Token ids to the text (and bytes) a provider sends back, with the model's own tokenizer."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from eaglepipe.target.chat import render_prompt_ids
 
 
 def decode(tokenizer: Any, ids: list[int]) -> str:
@@ -58,3 +60,20 @@ class TokenBytes:
         if token_id in self.special or not all(char in self.byte_of for char in piece):
             return decode(self.tokenizer, [token_id]).encode("utf-8")
         return bytes(self.byte_of[char] for char in piece)
+
+
+class TokenizerText:
+    """The model's tokenizer as the app's text side (`backend.TokenText`)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.token_bytes = TokenBytes(tokenizer)
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        return render_prompt_ids(self.tokenizer, messages, tools)
+
+    def decode(self, ids: list[int]) -> str:
+        return decode(self.tokenizer, ids)
+
+    def decoder(self) -> StreamDecoder:
+        return StreamDecoder(self.tokenizer)

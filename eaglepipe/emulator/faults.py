@@ -1,0 +1,172 @@
+"""Injected failures (`--faults FILE`): the ways OpenRouter and its providers fail, on demand.
+
+A client's retry, backoff and bookkeeping code only runs when something goes wrong, so the emulator
+can be told to go wrong: a YAML or JSON list of rules, each `{fault: KIND, ...}`. Each request gets at
+most one fault. A `burst` rule hits every request inside its time window; otherwise one draw from a
+generator seeded by `--fault-seed` picks the rule, each with its own `probability` (they must total at
+most 1), so a run with the same seed and request order meets the same faults.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eaglepipe.emulator.errors import ApiError, EmulatorError
+
+# kind: (required keys, optional keys), beside `fault` itself
+KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "status": (frozenset({"status", "probability"}), frozenset({"retry_after_s", "code"})),
+    "burst": (frozenset({"status", "every_s", "duration_s"}), frozenset({"retry_after_s", "code"})),
+    "error_in_200": (frozenset({"probability"}), frozenset()),
+    "midstream_error": (frozenset({"probability"}), frozenset({"after_tokens"})),
+    "empty_choices": (frozenset({"probability"}), frozenset()),
+    "reset": (frozenset({"probability"}), frozenset()),
+    "stall": (frozenset({"probability", "seconds"}), frozenset()),
+    "wrong_provider": (frozenset({"probability"}), frozenset()),
+}
+
+# What OpenRouter says for each status (error_type, message); others get a generic line.
+_STATUS_TEXT = {
+    408: ("timeout", "Request timed out"),
+    429: ("rate_limit", "Rate limit exceeded: the provider is at capacity"),
+    500: ("server", "Internal server error"),
+    502: ("upstream", "Provider returned an invalid response"),
+    503: ("unavailable", "No provider is available for this request right now"),
+    524: ("timeout", "The provider timed out"),
+    529: ("overloaded", "The provider is overloaded"),
+}
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    """One checked rule; fields a kind does not use keep their defaults."""
+
+    kind: str
+    probability: float = 0.0
+    status: int = 0
+    retry_after_s: float | None = None
+    code: str | None = None
+    every_s: float = 0.0
+    duration_s: float = 0.0
+    seconds: float = 0.0
+    after_tokens: int = 1
+
+    def in_burst(self, elapsed_s: float) -> bool:
+        return elapsed_s % self.every_s < self.duration_s
+
+    def api_error(self) -> ApiError:
+        """The HTTP error of a `status` or `burst` rule, in OpenRouter's body."""
+        error_type, text = _STATUS_TEXT.get(self.status, ("server", f"Upstream error {self.status}"))
+        extra = {} if self.code is None else {"reason": self.code}
+        return ApiError(
+            self.status,
+            f"{text} (emulator fault injection)",
+            error_type,
+            retry_after_s=self.retry_after_s,
+            **extra,
+        )
+
+
+NO_FAULT = FaultRule("none")
+
+
+class FaultPlan:
+    """Decides, request by request, which fault (if any) to inject."""
+
+    def __init__(self, rules: Sequence[FaultRule] = (), seed: int = 0) -> None:
+        self.bursts = [rule for rule in rules if rule.kind == "burst"]
+        self.chances = [rule for rule in rules if rule.kind != "burst"]
+        self.rng = random.Random(seed)
+
+    def draw(self, elapsed_s: float) -> FaultRule:
+        """The fault for the next request, `elapsed_s` after the server started (NO_FAULT for none)."""
+        for rule in self.bursts:
+            if rule.in_burst(elapsed_s):
+                return rule
+        if not self.chances:
+            return NO_FAULT
+        point = self.rng.random()
+        for rule in self.chances:
+            if point < rule.probability:
+                return rule
+            point -= rule.probability
+        return NO_FAULT
+
+
+# key: (lowest, highest or None, integer only)
+_LIMITS: dict[str, tuple[float, float | None, bool]] = {
+    "probability": (0, 1, False),
+    "status": (400, 599, True),
+    "retry_after_s": (0, None, False),
+    "every_s": (1e-3, None, False),
+    "duration_s": (1e-3, None, False),
+    "seconds": (0, None, False),
+    "after_tokens": (1, None, True),
+}
+
+
+def _value(key: str, value: Any, where: str) -> Any:
+    if key == "code":
+        if isinstance(value, str) and value:
+            return value
+        raise EmulatorError(f"{where}: code must be a non-empty string such as capacity_exhausted")
+    low, high, integer = _LIMITS[key]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int if integer else int | float)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        what = "an integer" if integer else "a number"
+        limits = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+        raise EmulatorError(f"{where}: {key} must be {what} {limits}, got {value!r}")
+    return value if integer else float(value)
+
+
+def _rule(entry: Any, where: str) -> FaultRule:
+    if not isinstance(entry, dict):
+        raise EmulatorError(f"{where}: a rule must be an object such as {{fault: reset, probability: 0.01}}")
+    kind = entry.get("fault")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise EmulatorError(f"{where}: unknown fault kind {kind!r} (known: {', '.join(KINDS)})")
+    required, optional = KINDS[kind]
+    unknown = sorted(set(entry) - required - optional - {"fault"})
+    if unknown:
+        allowed = ", ".join(sorted(required | optional))
+        raise EmulatorError(f"{where}: unknown key {unknown[0]!r} for a {kind} rule (allowed: {allowed})")
+    missing = sorted(required - set(entry))
+    if missing:
+        raise EmulatorError(f"{where}: a {kind} rule needs {missing[0]!r}")
+    values = {key: _value(key, value, where) for key, value in entry.items() if key != "fault"}
+    rule = FaultRule(kind, **values)
+    if kind == "burst" and rule.duration_s > rule.every_s:
+        raise EmulatorError(f"{where}: duration_s ({rule.duration_s:g}) exceeds every_s ({rule.every_s:g})")
+    return rule
+
+
+def load_faults(path: Path | None, seed: int = 0) -> FaultPlan:
+    """The checked plan from a `--faults` file; no file injects nothing."""
+    if path is None:
+        return FaultPlan(seed=seed)
+    try:
+        entries = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise EmulatorError(f"{path}: cannot read the faults file ({exc})") from None
+    if not isinstance(entries, list):
+        raise EmulatorError(f"{path}: expected a list of rules such as [{{fault: reset, probability: 0.01}}]")
+    rules = [_rule(entry, f"{path}: faults[{index}]") for index, entry in enumerate(entries)]
+    total = 0.0
+    for index, rule in enumerate(rules):
+        total += rule.probability
+        if total > 1 + 1e-9:
+            raise EmulatorError(
+                f"{path}: faults[{index}]: the probabilities add up to {total:g} by this rule; "
+                "a request gets at most one fault, so they must total at most 1"
+            )
+    return FaultPlan(rules, seed)

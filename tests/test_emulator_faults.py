@@ -1,0 +1,226 @@
+"""Injected faults (`--faults`) as a raw HTTP client sees them, and the checks on a faults file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eaglepipe.emulator.api_schemas import validate
+from eaglepipe.emulator.errors import EmulatorError
+from eaglepipe.emulator.faults import load_faults
+from eaglepipe.emulator.runner import running_emulator
+
+MODEL_ID = "local/smollm2-135m-instruct"
+FAST = ["--latency-s", "0", "--tokens-per-s", "0", "--mean-tokens", "20", "--length-sigma", "0.3"]
+STALL_S = 0.25  # far above a local answer's few milliseconds
+MIXED_FAULTS = f"""
+- {{fault: status, status: 429, probability: 0.1, retry_after_s: 1.5, code: capacity_exhausted}}
+- {{fault: status, status: 502, probability: 0.05}}
+- {{fault: error_in_200, probability: 0.1}}
+- {{fault: midstream_error, probability: 0.1, after_tokens: 3}}
+- {{fault: empty_choices, probability: 0.1}}
+- {{fault: reset, probability: 0.1}}
+- {{fault: stall, probability: 0.05, seconds: {STALL_S}}}
+- {{fault: wrong_provider, probability: 0.1}}
+"""
+ONLY_CHUTES = {"only": ["chutes"]}
+
+
+def body(stream: bool) -> dict:
+    return {
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "provider": ONLY_CHUTES,
+        "stream": stream,
+    }
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(base URL, log) of a server with every fault kind in MIXED_FAULTS."""
+    folder = tmp_path_factory.mktemp("faults")
+    (folder / "faults.yaml").write_text(MIXED_FAULTS)
+    args = [*FAST, "--faults", str(folder / "faults.yaml"), "--fault-seed", "3"]
+    with running_emulator(None, extra_args=args, log_path=folder / "emulator.log") as url:
+        yield url, folder / "emulator.log"
+
+
+def plain_outcome(http: httpx.Client) -> tuple[str, dict | None]:
+    """What one non-streamed request met: (kind, body of a billed answer)."""
+    started = time.monotonic()
+    try:
+        response = http.post("/chat/completions", json=body(stream=False))
+    except httpx.RemoteProtocolError:
+        return "reset", None
+    elapsed_s = time.monotonic() - started
+    answer = response.json()
+    if response.status_code == 429:
+        assert response.headers["retry-after"] == "2"  # 1.5 s, rounded up to whole seconds
+        error = answer["error"]
+        assert error["availability"] == {"retry_after": 1.5, "retryable": True}
+        assert (error["metadata"]["retry_after"], error["metadata"]["reason"]) == (1.5, "capacity_exhausted")
+    if response.status_code != 200:
+        validate("error", answer)
+        assert answer["error"]["code"] == response.status_code
+        return f"status {response.status_code}", None
+    if not answer["choices"]:
+        assert answer["usage"]["cost"] == 0
+        return "empty_choices", None
+    choice = answer["choices"][0]
+    if choice["finish_reason"] == "error":
+        assert choice["error"]["code"] == 502 and answer["usage"]["cost"] == 0
+        return "error_in_200", None
+    validate("chat_result", answer)
+    if answer["provider"] != "Chutes":
+        return "wrong_provider", answer
+    return ("stall" if elapsed_s >= STALL_S else "none"), answer
+
+
+def streamed_outcome(http: httpx.Client) -> tuple[str, dict | None]:
+    """What one streamed request met: (kind, its usage chunk when billed)."""
+    started = time.monotonic()
+    try:
+        with http.stream("POST", "/chat/completions", json=body(stream=True)) as response:
+            lines = [line for line in response.iter_lines() if line]
+    except httpx.RemoteProtocolError:
+        return "reset", None
+    elapsed_s = time.monotonic() - started
+    if response.status_code != 200:
+        return f"status {response.status_code}", None
+    assert lines[0] == ": OPENROUTER PROCESSING" and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[1:-1]]
+    failed = [chunk for chunk in chunks if "error" in chunk]
+    if failed:
+        assert failed == chunks[-1:] and failed[0]["choices"][0]["finish_reason"] == "error"
+        assert failed[0]["error"]["code"] == 502
+        return ("midstream_error" if len(chunks) > 1 else "error_in_200"), None
+    if len(chunks) == 1:
+        assert chunks[0]["choices"] == [] and chunks[0]["usage"]["cost"] == 0
+        return "empty_choices", None
+    usage_chunk = chunks[-1]
+    if usage_chunk["provider"] != "Chutes":
+        return "wrong_provider", usage_chunk
+    return ("stall" if elapsed_s >= STALL_S else "none"), usage_chunk
+
+
+def test_every_fault_kind_reaches_a_raw_client_and_is_counted(faulty: tuple[str, Path]) -> None:
+    url, log = faulty
+    with httpx.Client(base_url=url) as http:
+        endpoints = http.get(f"/models/{MODEL_ID}/endpoints").json()["data"]["endpoints"]
+        plain = [plain_outcome(http) for _ in range(150)]
+        streamed = [streamed_outcome(http) for _ in range(150)]
+        stats = http.get("/emulator/stats").json()
+        stray = next(billed for kind, billed in plain if kind == "wrong_provider")
+        record = http.get("/generation", params={"id": stray["id"]}).json()["data"]
+    seen_plain, seen_streamed = Counter(k for k, _ in plain), Counter(k for k, _ in streamed)
+    kinds = {"status 429", "status 502", "error_in_200", "empty_choices", "reset", "stall", "wrong_provider"}
+    assert set(seen_plain) == kinds | {"none"}  # not streamed, a midstream error is an error in a 200
+    assert set(seen_streamed) == kinds | {"none", "midstream_error"}
+    seen, faults = seen_plain + seen_streamed, stats["faults"]
+    assert faults["status"] == seen["status 429"] + seen["status 502"]
+    for kind in ("empty_choices", "reset", "stall", "wrong_provider"):
+        assert faults[kind] == seen[kind], kind
+    assert (
+        faults["error_in_200"] + faults["midstream_error"] == seen["error_in_200"] + seen["midstream_error"]
+    )
+    assert faults["midstream_error"] > seen["midstream_error"]  # the rest hit plain requests
+    billed = [answer for _, answer in plain + streamed if answer is not None]
+    assert stats["requests_billed"] == len(billed)  # faults that end in an error or nothing cost nothing
+    assert stats["usd_charged"] == pytest.approx(sum(b["usage"]["cost"] for b in billed), rel=1e-9)
+    assert stats["in_flight"] == 0
+
+    # a misrouted answer is billed at the prices of the endpoint that served it, and reported so
+    served = [e for e in endpoints if e["provider_name"] == stray["provider"]]
+    usage = stray["usage"]
+    assert any(
+        usage["cost"]
+        == pytest.approx(
+            usage["prompt_tokens"] * float(e["pricing"]["prompt"])
+            + usage["completion_tokens"] * float(e["pricing"]["completion"])
+        )
+        for e in served
+    )
+    assert record["provider_name"] == stray["provider"] and record["total_cost"] == usage["cost"]
+    assert "Traceback" not in log.read_text()  # resets on purpose are not logged as server errors
+
+
+def test_a_burst_answers_429_to_everything_inside_its_window(tmp_path: Path) -> None:
+    (tmp_path / "burst.json").write_text(
+        json.dumps(
+            [{"fault": "burst", "status": 429, "every_s": 0.6, "duration_s": 0.3, "retry_after_s": 0.5}]
+        )
+    )
+    args = [*FAST, "--faults", str(tmp_path / "burst.json")]
+    with (
+        running_emulator(None, extra_args=args, log_path=tmp_path / "log") as url,
+        httpx.Client(base_url=url) as http,
+    ):
+        replies = []
+        for _ in range(45):
+            replies.append(http.post("/chat/completions", json=body(stream=False)))
+            time.sleep(0.03)
+        stats = http.get("/emulator/stats").json()
+    statuses = [reply.status_code for reply in replies]
+    switches = sum(a != b for a, b in zip(statuses, statuses[1:], strict=False))
+    assert set(statuses) == {200, 429} and switches >= 3  # storms and calm spells take turns
+    assert all(reply.headers["retry-after"] == "1" for reply in replies if reply.status_code == 429)
+    assert stats["faults"] == {"burst": statuses.count(429)} and stats["errors"] == {
+        "429": statuses.count(429)
+    }
+
+
+BAD_FILES = [
+    ("{fault: reset}", r"bad\.yaml: expected a list"),
+    (
+        "[{fault: reset, probability: 0.1}, {fault: explode, probability: 0.1}]",
+        r"bad\.yaml: faults\[1\]: unknown fault kind 'explode'",
+    ),
+    (
+        "[{fault: reset, probability: 0.1, seconds: 2}]",
+        r"faults\[0\]: unknown key 'seconds' for a reset rule",
+    ),
+    ("[{fault: stall, probability: 0.1}]", r"faults\[0\]: a stall rule needs 'seconds'"),
+    (
+        "[{fault: status, status: 200, probability: 0.1}]",
+        r"faults\[0\]: status must be an integer between 400",
+    ),
+    ("[{fault: reset, probability: 1.5}]", r"faults\[0\]: probability must be a number between 0 and 1"),
+    ("[{fault: reset, probability: true}]", r"faults\[0\]: probability must be a number"),
+    ("[{fault: burst, status: 429, every_s: 1, duration_s: 2}]", r"faults\[0\]: duration_s \(2\) exceeds"),
+    ("[{fault: status, status: 429, probability: 0.1, code: ''}]", r"faults\[0\]: code must be a non-empty"),
+    (
+        "[{fault: reset, probability: 0.6}, {fault: stall, probability: 0.6, seconds: 1}]",
+        r"faults\[1\]: the probabilities add up to 1.2",
+    ),
+]
+
+
+@pytest.mark.parametrize(("rules", "message"), BAD_FILES)
+def test_a_bad_faults_file_names_the_file_and_the_rule(tmp_path: Path, rules: str, message: str) -> None:
+    (tmp_path / "bad.yaml").write_text(rules)
+    with pytest.raises(EmulatorError, match=message):
+        load_faults(tmp_path / "bad.yaml")
+
+
+def test_the_server_refuses_a_bad_faults_file_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        "[{fault: reset, probability: 0.1}, {fault: stall, probability: 0.1}]\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "eaglepipe.emulator", "--synthetic", "--faults", str(tmp_path / "bad.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"emulator: {tmp_path / 'bad.yaml'}: faults[1]: a stall rule needs 'seconds'"
+    ]
