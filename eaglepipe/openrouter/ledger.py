@@ -120,6 +120,8 @@ class RunLedger:
         completion_tokens: int | None = None,
         provider: str | None = None,
     ) -> None:
+        self.outcomes[outcome] += 1
+        self.usd_billed += usd
         await self._log.append(
             {
                 "event": "billed",
