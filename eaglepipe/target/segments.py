@@ -1,0 +1,58 @@
+"""A rendered turn as an ordered list of text pieces and special ids.
+
+The token stage rebuilds a completion from the text the server returned; keeping each piece (reasoning,
+content, a tool call's id and arguments) apart lets it re-encode one piece under several normalization
+candidates while the special ids between them stay fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from eaglepipe.target.tokenizer import TargetTokenizer
+
+TextKind = Literal[
+    "role", "message", "tools", "tool_result", "reasoning", "content", "tool_call_id", "tool_arguments"
+]
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+    kind: TextKind
+
+
+@dataclass(frozen=True)
+class Special:
+    id: int
+
+
+Segment = Text | Special
+
+
+def text_segment(text: str | None, kind: TextKind) -> list[Segment]:
+    """No segment for an empty piece, so segment lists compare cleanly."""
+    return [Text(text, kind)] if text else []
+
+
+def encode_segments(tokenizer: TargetTokenizer, segments: Sequence[Segment]) -> list[int]:
+    """Each run of text between special ids encoded as ordinary text. Adjacent texts are joined first (BPE
+    pieces may span them), so this equals encoding the rendered string with specials allowed, except that a
+    special-token string inside a text stays text, as the engine's template keeps it."""
+    ids: list[int] = []
+    run: list[str] = []
+    for segment in segments:
+        if isinstance(segment, Text):
+            run.append(segment.text)
+            continue
+        ids += tokenizer.encode("".join(run))
+        ids.append(segment.id)
+        run = []
+    return ids + tokenizer.encode("".join(run))
+
+
+def segments_text(tokenizer: TargetTokenizer, segments: Sequence[Segment]) -> str:
+    """The rendered string, special ids written as their names (what a Jinja template would produce)."""
+    return "".join(s.text if isinstance(s, Text) else tokenizer.decode([s.id]) for s in segments)
