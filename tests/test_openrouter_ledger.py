@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from eaglepipe.openrouter.appendlog import AppendLog, read_lines
-from eaglepipe.openrouter.budget import MIN_OBSERVATIONS, Estimate
+from eaglepipe.openrouter.budget import MIN_OBSERVATIONS, SAFETY_SIGMAS, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
 from eaglepipe.openrouter.ledger import HEARTBEAT_STALE_S, Heartbeat, LedgerView, RunLedger, ledger_path
 
@@ -86,17 +86,48 @@ def context_pid_that_exited() -> int:
     return pid
 
 
-def test_estimate_is_the_upper_bound_until_answers_are_seen_then_length_biased() -> None:
-    estimate = Estimate(upper_bound=1000)
+def test_forecast_is_the_upper_bound_until_answers_are_seen() -> None:
+    forecast = Forecast(max_tokens=1000, upper_bound_usd=0.01)
     for _ in range(MIN_OBSERVATIONS - 1):
-        estimate.add(100)
-    assert estimate.mean == estimate.in_flight_mean == 1000
-    estimate.add(400)
-    values = [100] * (MIN_OBSERVATIONS - 1) + [400]
-    assert estimate.mean == pytest.approx(sum(values) / len(values))
-    assert estimate.in_flight_mean == pytest.approx(sum(v * v for v in values) / sum(values))
-    assert estimate.in_flight_mean > estimate.mean
-    assert estimate.committed(3) == pytest.approx(3 * estimate.in_flight_mean + estimate.mean)
+        forecast.observe(100, 0.001, 1.0)
+    forecast.admit("a")
+    forecast.refresh()
+    assert forecast.committed_tokens() == 2000 and forecast.committed_usd() == pytest.approx(0.02)
+
+
+def test_requests_in_flight_are_censored_so_long_runners_are_forecast_long() -> None:
+    forecast = Forecast(max_tokens=1000, upper_bound_usd=0.01)
+    for _ in range(10):  # 100 tokens/s, no first-token delay: latency = tokens / 100
+        forecast.observe(50, 0.0005, 0.5)
+        forecast.observe(150, 0.0015, 1.5)
+    forecast.refresh()
+    assert forecast.mean_tokens == pytest.approx(100) and forecast.usd_per_token == pytest.approx(1e-5)
+    for key in "abcde":  # five requests running 2 s: about 200 tokens each, beyond every finished one
+        forecast.admit(key)
+        forecast.flights[key].started -= 2.0
+    forecast.refresh()
+    # Kaplan-Meier: 10 of 25 at risk end at 50, 10 of the 15 left at 150; the 20% left goes to the cap.
+    assert forecast.mean_tokens == pytest.approx(0.4 * 50 + 0.4 * 150 + 0.2 * 1000)
+    assert forecast.in_flight_tokens == pytest.approx(5 * 1000)
+    assert forecast.in_flight_variance == pytest.approx(0, abs=1e-6)
+    fresh_variance = 0.4 * 50**2 + 0.4 * 150**2 + 0.2 * 1000**2 - forecast.mean_tokens**2
+    expected = 5 * 1000 + forecast.mean_tokens + SAFETY_SIGMAS * fresh_variance**0.5
+    assert forecast.committed_tokens() == pytest.approx(expected)
+    assert forecast.committed_usd() == pytest.approx(expected * 1e-5)
+    forecast.finish("a")
+    assert forecast.in_flight_tokens == pytest.approx(4 * 1000)
+
+
+def test_forecast_beyond_a_bound_follows_the_observed_tail() -> None:
+    forecast = Forecast(max_tokens=1000, upper_bound_usd=0.01)
+    for length in [10] * 10 + [100] * 10 + [500] * 10:
+        forecast.observe(length, 0.0, None)
+    forecast.refresh()
+    assert forecast.mean_tokens == pytest.approx(610 / 3)
+    assert forecast.beyond(50).mean == pytest.approx(300)
+    assert forecast.beyond(50).variance == pytest.approx(200**2)
+    assert forecast.beyond(200).mean == pytest.approx(500) and forecast.beyond(200).variance == 0
+    assert forecast.beyond(600).mean == 1000
 
 
 def test_adaptive_limit_cuts_under_a_429_storm_and_recovers_after() -> None:

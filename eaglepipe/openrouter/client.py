@@ -26,7 +26,7 @@ import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from eaglepipe.openrouter.appendlog import AppendLog
-from eaglepipe.openrouter.budget import Estimate
+from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
 from eaglepipe.openrouter.errors import OpenRouterError, one_line
 from eaglepipe.openrouter.journal import load_done, open_journal, read_records
@@ -214,8 +214,7 @@ class _Run:
         self.stop_reason: str | None = None
         self.in_flight = 0
         self.stale_unresolved: set[str] = set()
-        self.tokens = Estimate(settings.max_tokens)
-        self.dollars = Estimate(settings.expected_request_usd)
+        self.forecast = Forecast(settings.max_tokens, settings.expected_request_usd)
         self.tokens_this_run = 0
         self.dollars_this_run = 0.0
         self.errors: Counter[str] = Counter()
@@ -251,8 +250,7 @@ class _Run:
         self.summary.completion_tokens += tokens
         self.summary.dollars += cost
         self.summary.truncated += record["response"]["finish_reason"] == "length"
-        self.tokens.add(tokens)
-        self.dollars.add(cost)
+        self.forecast.observe(tokens, cost, record.get("latency_s"))
         if resumed:
             self.summary.resumed += 1
         else:
@@ -304,13 +302,14 @@ class _Run:
 
     # --- admission -------------------------------------------------------------------------------
 
-    async def admit(self) -> bool:
+    async def admit(self, prompt_id: str) -> bool:
         """Wait until one more request may go out; False once the run stops admitting."""
         while self.stop_reason is None:
             if self.in_flight < self.limit.current:
                 verdict = self._budget_verdict()
                 if verdict is None:
                     self.in_flight += 1
+                    self.forecast.admit(prompt_id)
                     return True
                 if verdict[0] != "wait":
                     self.stop(*verdict)
@@ -322,9 +321,11 @@ class _Run:
         """None to admit, ("wait", "") while requests in flight may leave room, else (reason, message)."""
         settings = self.settings
         budget = settings.output_token_budget
+        if budget is not None or settings.usd_budget is not None:
+            self.forecast.refresh(max_age_s=REFIT_EVERY_S)
         if (
             budget is not None
-            and self.summary.completion_tokens + self.tokens.committed(self.in_flight) > budget
+            and self.summary.completion_tokens + self.forecast.committed_tokens() > budget
         ):
             if self.in_flight:
                 return "wait", ""
@@ -334,7 +335,7 @@ class _Run:
             )
         if settings.usd_budget is not None and self.ledger is not None:
             spent = self.ledger.view.refresh().usd
-            committed = spent + self.reserved_elsewhere() + self.dollars.committed(self.in_flight)
+            committed = spent + self.reserved_elsewhere() + self.forecast.committed_usd()
             if committed > settings.usd_budget:
                 if self.in_flight or self.others.in_flight:
                     return "wait", ""
@@ -348,7 +349,7 @@ class _Run:
         """Dollars other jobs have in flight, plus requests cut off in earlier runs of this set and not yet
         found in `/generation` (each at the mean cost)."""
         stale = len(self.stale_unresolved.intersection(self.ledger.view.unresolved)) if self.ledger else 0
-        return self.others.expected_usd_in_flight + stale * self.dollars.mean
+        return self.others.expected_usd_in_flight + stale * self.forecast.mean_usd
 
     # --- end -------------------------------------------------------------------------------------
 
@@ -383,7 +384,7 @@ class _Run:
         rate = new / elapsed
         eta = left / rate if rate > 0 else None
         spent = self.ledger.view.usd if self.ledger else self.dollars_this_run
-        projected = spent + left * self.dollars.mean
+        projected = spent + left * self.forecast.mean_usd
         errors = " ".join(f"{name}={count}" for name, count in sorted(self.errors.items())) or "none"
         return (
             f"{self.dataset}: {summary.done}/{summary.requested} done, "
@@ -397,8 +398,8 @@ async def _tick_forever(run: _Run, heartbeat: Heartbeat) -> None:
     last_log = last_key_check = time.monotonic()
     while True:
         await anyio.sleep(TICK_S)
-        expected = run.in_flight * run.dollars.in_flight_mean
-        await anyio.to_thread.run_sync(heartbeat.beat, run.in_flight, expected)
+        run.forecast.refresh()
+        await anyio.to_thread.run_sync(heartbeat.beat, run.in_flight, run.forecast.in_flight_usd)
         run.others = heartbeat.others()
         run.limit.set_ceiling(run.settings.concurrency // (1 + run.others.count))
         run.limit.tick()
@@ -507,7 +508,7 @@ async def _check_key(run: _Run) -> None:
         return
     if run.summary.key_usage_start is None:
         run.summary.key_usage_start = key.usage
-    if key.limit_remaining is not None and key.limit_remaining < run.dollars.mean:
+    if key.limit_remaining is not None and key.limit_remaining < run.forecast.mean_usd:
         run.stop(
             "credit_exhausted",
             f"the key's limit_remaining is ${key.limit_remaining:.4f}, less than one request: "
@@ -526,7 +527,7 @@ async def _feed_workers(
         receive.close()
         async with send:
             for prompt in todo:
-                if not await run.admit():
+                if not await run.admit(prompt["id"]):
                     break
                 await send.send(prompt)
 
@@ -540,6 +541,7 @@ async def _worker(
                 await _complete_prompt(prompt, http, journal, run)
             finally:
                 run.in_flight -= 1
+                run.forecast.finish(prompt["id"])
                 run.notify()
 
 

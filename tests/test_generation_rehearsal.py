@@ -1,0 +1,361 @@
+"""The paid stage rehearsed end to end: Snakemake runs the generate rule against a standalone synthetic
+emulator (OpenRouter's API on loopback, no model) with a key, faults, credit limits and kills.
+
+Every figure asserted comes from the emulator's own counters over HTTP (`/emulator/stats`), so "nothing
+bought twice" and "the ledger equals what was charged" are checked against the server, not our client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from eaglepipe.emulator.runner import running_emulator
+from eaglepipe.openrouter.journal import read_records
+from eaglepipe.openrouter.ledger import read_ledger
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "moonshotai/kimi-k2.5"
+SECRET = "sk-or-v1-REHEARSALSECRET00112233445566778899"
+ALLOWED = {"Chutes", "Moonshot AI"}  # the emulator's native-INT4 endpoints that the default routing keeps
+
+
+class Rig:
+    """A work directory with prompt sets, a key file and a config aimed at one emulator."""
+
+    def __init__(self, workdir: Path, url: str, key_file: Path) -> None:
+        self.workdir, self.url, self.key_file = workdir, url, key_file
+        self.env = {**os.environ, "OPENROUTER_KEY_FILE": str(key_file), "HF_HUB_OFFLINE": "1"}
+
+    def configure(self, sets: dict[str, int], **sections: dict[str, Any]) -> None:
+        (self.workdir / "sources").mkdir(exist_ok=True)
+        for name, count in sets.items():
+            lines = [
+                json.dumps(
+                    {"messages": [{"role": "user", "content": f"{name} question {i}: say something."}]}
+                )
+                for i in range(count)
+            ]
+            (self.workdir / "sources" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+        config = {
+            "datasets": list(sets),
+            "sources": {name: {"type": "jsonl", "path": f"sources/{name}.jsonl"} for name in sets},
+            "target": {"name": "rehearsal", "path": str(self.workdir / "no-model")},
+            "api": {"base_url": self.url, "model": MODEL},
+            "generation": {"max_tokens": 2000, "stream": True, **sections.pop("generation", {})},
+            **sections,
+        }
+        (self.workdir / "rig.yaml").write_text(yaml.safe_dump(config))
+        self.targets = [f"results/{name}/responses.jsonl" for name in sets]
+
+    def command(self, *args: str) -> list[str]:
+        """Snakemake aimed at the sets' responses (generation only), with extra options `args`."""
+        return [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(self.workdir),
+            "--configfile",
+            str(self.workdir / "rig.yaml"),
+            "--cores",
+            "2",
+            *self.targets,
+            *args,  # after the targets: options such as --resources take several values
+        ]
+
+    def snakemake(self, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.command(*args), capture_output=True, text=True, timeout=timeout, env=self.env
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/emulator/stats").json()
+
+    def responses(self, name: str) -> list[dict[str, Any]]:
+        path = self.workdir / "results" / name / "responses.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def journal(self, name: str) -> list[dict[str, Any]]:
+        return read_records(self.workdir / "results" / name / ".journal")
+
+    def summary(self, name: str) -> dict[str, Any]:
+        return json.loads((self.workdir / "results" / name / "responses.summary.json").read_text())
+
+    def ledger_usd(self) -> float:
+        return read_ledger(self.workdir / "results").usd
+
+
+@contextmanager
+def rig(tmp_path: Path, *emulator_args: str) -> Iterator[Rig]:
+    key_file = tmp_path / "openrouter.key"
+    key_file.write_text(SECRET + "\n")
+    key_file.chmod(0o600)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    args = ["--model-id", MODEL, "--require-key-file", str(key_file), "--seed", "7", *emulator_args]
+    with running_emulator(None, extra_args=args, log_path=tmp_path / "emulator.log") as url:
+        yield Rig(workdir, url, key_file)
+
+
+def files_containing(folder: Path, text: str) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def processes_in_group(group: int) -> list[str]:
+    """Live (not zombie) processes of a process group, as "pid command"."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == group:
+            found.append(f"{entry.name} {command[:200]}")
+    return found
+
+
+def test_sigkill_mid_run_then_rerun_buys_each_prompt_once(tmp_path: Path) -> None:
+    prompts = 1500
+    # Slow answers (2 s to the first token, 10 tok/s) keep 700 in flight at under 100 answers a second.
+    with rig(
+        tmp_path,
+        "--tokens-per-s",
+        "10",
+        "--latency-s",
+        "2.0",
+        "--mean-tokens",
+        "60",
+        "--tokens-per-event",
+        "8",
+    ) as run:
+        run.configure(
+            {"kill": prompts},
+            generation={"concurrency": 700, "max_tokens": 200},
+            budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
+        )
+        process = subprocess.Popen(
+            run.command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=run.env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, "snakemake ended before the kill"
+            assert time.monotonic() < deadline, f"never reached 500 in flight: {run.stats()}"
+            if run.stats()["in_flight"] >= 500 and run.journal("kill"):
+                break
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        time.sleep(1.0)
+        at_kill = run.stats()
+        journaled = len(run.journal("kill"))
+        in_flight_at_kill = at_kill["requests_received"] - journaled
+        assert in_flight_at_kill >= 500 and 0 < journaled < prompts
+        assert processes_in_group(process.pid) == [], "a process of the killed run is still alive"
+
+        unlock = run.snakemake("--unlock")  # the README's documented rerun after a kill
+        assert unlock.returncode == 0, unlock.stderr[-2000:]
+        rerun = run.snakemake()
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+
+        ids = [record["prompt_id"] for record in run.responses("kill")]
+        assert len(ids) == len(set(ids)) == prompts
+        final = run.stats()
+        assert final["requests_billed"] <= prompts + in_flight_at_kill
+        assert final["requests_received"] - at_kill["requests_received"] == prompts - journaled
+        summary = run.summary("kill")
+        assert summary["resumed"] == journaled and summary["recovered"] > 0
+        # Requests in flight at the kill were charged by the server; the ledger found them by generation id.
+        assert run.ledger_usd() == pytest.approx(final["usd_charged"], rel=0.02)
+        assert run.ledger_usd() <= final["usd_charged"] + 1e-9
+
+
+def test_credit_runs_out_mid_set_then_a_topped_up_rerun_finishes(tmp_path: Path) -> None:
+    prompts = 400
+    with rig(
+        tmp_path,
+        "--tokens-per-s",
+        "0",
+        "--latency-s",
+        "0.05",
+        "--mean-tokens",
+        "200",
+        "--credit-limit",
+        "0.05",
+    ) as run:
+        run.configure(
+            {"credit": prompts},
+            generation={"concurrency": 64},
+            budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
+        )
+        stopped = run.snakemake()
+        assert stopped.returncode != 0
+        log = (run.workdir / "logs" / "generate" / "credit.log").read_text().strip().splitlines()
+        assert "ended by credit_exhausted" in log[-1] and "rerun to resume" in log[-1]
+        assert f"/{prompts} prompts done" in log[-1]
+        kept = len(run.journal("credit"))
+        assert 0 < kept < prompts
+        charged = run.stats()["usd_charged"]
+        assert run.ledger_usd() == pytest.approx(charged, rel=1e-9, abs=1e-12)
+
+        httpx.post(f"{run.url}/emulator/credit", json={"limit": None}).raise_for_status()
+        finished = run.snakemake()
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        ids = [record["prompt_id"] for record in run.responses("credit")]
+        assert len(ids) == len(set(ids)) == prompts
+        final = run.stats()
+        assert final["requests_billed"] == prompts, "a response was bought twice"
+        assert run.ledger_usd() == pytest.approx(final["usd_charged"], rel=1e-9, abs=1e-12)
+        everything = stopped.stdout + stopped.stderr + finished.stdout + finished.stderr
+        assert SECRET not in everything
+        assert files_containing(tmp_path, SECRET) == [run.key_file]
+
+
+FAULTS = [
+    {"fault": "burst", "status": 429, "every_s": 4, "duration_s": 1, "retry_after_s": 0.5},
+    {
+        "fault": "status",
+        "status": 429,
+        "probability": 0.05,
+        "retry_after_s": 0.2,
+        "code": "capacity_exhausted",
+    },
+    {"fault": "status", "status": 502, "probability": 0.04},
+    {"fault": "status", "status": 529, "probability": 0.02},
+    {"fault": "error_in_200", "probability": 0.04},
+    {"fault": "midstream_error", "probability": 0.04},
+    {"fault": "empty_choices", "probability": 0.02},
+    {"fault": "reset", "probability": 0.04},
+    {"fault": "wrong_provider", "probability": 0.03},
+    {"fault": "stall", "probability": 0.01, "seconds": 2},
+]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_storms_of_faults_end_with_every_answer_clean(tmp_path: Path, stream: bool) -> None:
+    prompts = 300
+    faults = tmp_path / "faults.yaml"
+    faults.write_text(yaml.safe_dump(FAULTS))
+    with rig(
+        tmp_path,
+        "--tokens-per-s",
+        "0",
+        "--latency-s",
+        "0.05",
+        "--mean-tokens",
+        "100",
+        "--tokens-per-event",
+        "8",
+        "--faults",
+        str(faults),
+        "--fault-seed",
+        "3",
+    ) as run:
+        run.configure(
+            {"faults": prompts},
+            generation={"concurrency": 64, "stream": stream, "max_attempts": 12},
+            budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
+        )
+        done = run.snakemake()
+        assert done.returncode == 0, done.stderr[-3000:]
+        records = run.responses("faults")
+        assert sorted(r["prompt_id"] for r in records) == sorted({r["prompt_id"] for r in records})
+        assert len(records) == prompts
+        for record in records:
+            assert record["provider"] in ALLOWED
+            assert record["response"]["finish_reason"] in {"stop", "length"}
+        stats = run.stats()
+        injected = stats["faults"]
+        assert injected.get("burst", 0) + injected.get("status", 0) > 0 and injected.get("reset", 0) > 0
+        summary = run.summary("faults")
+        assert summary["retries"] > 0 and summary["errors_by_class"].get("http_429", 0) > 0
+        # Discarded answers from a provider outside the allowlist were charged, and the ledger says so.
+        assert 0 < summary["billed_by_outcome"].get("discarded", 0) <= injected.get("wrong_provider", 0)
+        assert run.ledger_usd() == pytest.approx(stats["usd_charged"], rel=1e-9, abs=1e-12)
+
+
+def test_heavy_tailed_token_budget_overshoots_at_most_one_percent(tmp_path: Path) -> None:
+    budget = 150_000
+    with rig(
+        tmp_path,
+        "--tokens-per-s",
+        "400",
+        "--latency-s",
+        "0.05",
+        "--mean-tokens",
+        "250",
+        "--length-sigma",
+        "1.2",
+        "--tokens-per-event",
+        "16",
+    ) as run:
+        run.configure(
+            {"tokens": 3000},
+            generation={"concurrency": 200, "max_tokens": 1500},
+            budget={"usd": 100, "output_tokens_per_dataset": budget},
+        )
+        done = run.snakemake()
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = run.summary("tokens")
+        assert summary["ended_because"] == "token_budget" and summary["truncated"] > 0
+        total = sum(r["usage"]["completion_tokens"] for r in run.responses("tokens"))
+        assert total == summary["completion_tokens"]
+        assert 0.97 * budget <= total <= 1.01 * budget
+
+
+def test_two_sets_at_once_share_one_dollar_budget(tmp_path: Path) -> None:
+    usd = 2.0
+    with rig(
+        tmp_path,
+        "--tokens-per-s",
+        "300",
+        "--latency-s",
+        "0.05",
+        "--mean-tokens",
+        "150",
+        "--length-sigma",
+        "1.0",
+        "--tokens-per-event",
+        "16",
+    ) as run:
+        run.configure(
+            {"left": 5000, "right": 5000},
+            generation={"concurrency": 300, "max_tokens": 2000},
+            budget={"usd": usd, "output_tokens_per_dataset": 10_000_000},
+        )
+        done = run.snakemake("--resources", "api=2")
+        assert done.returncode != 0  # neither set finished: the dollars ran out first
+        summaries = [run.summary(name) for name in ("left", "right")]
+        assert {s["ended_because"] for s in summaries} == {"dollar_budget"}
+        assert all(s["done"] > 100 for s in summaries), "both sets generated"
+        spent = run.stats()["usd_charged"]
+        assert 0.99 * usd <= spent <= usd + 0.5
+        assert run.ledger_usd() == pytest.approx(spent, rel=1e-9, abs=1e-12)
+        logs = "".join(
+            (run.workdir / "logs" / "generate" / f"{n}.log").read_text() for n in ("left", "right")
+        )
+        assert "raise budget.usd" in logs
