@@ -10,6 +10,7 @@ stop new requests while those in flight finish, so everything paid for is kept a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -44,8 +45,8 @@ STOPPING_STATUSES = {
     402: ("credit_exhausted", "add credits or raise the key's limit"),
     404: ("no_endpoint", "check model and base_url, or relax `routing` and refresh providers.json"),
 }
-# Measured at 500 in flight: 500 idle keep-alive connections cost httpx ~5x the CPU per response of 100.
-MAX_KEEPALIVE_CONNECTIONS = 100
+# Connections per httpx client (see _http_pools); measured in bench/generation_client.py.
+POOL_CONNECTIONS = 250
 TICK_S = 1.0
 LOG_PROGRESS_EVERY_S = 30.0
 KEY_CHECK_EVERY_S = 60.0
@@ -171,18 +172,18 @@ async def generate_set(
         "streamed" if settings.stream else "not streamed",
     )
     heartbeat = Heartbeat(results_dir, dataset)
-    async with (
-        _http_client(settings, api_key) as http,
-        open_journal(journal_dir) as journal,
-        RunLedger(results_dir, dataset) as ledger,
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        pools = [await stack.enter_async_context(pool) for pool in _http_pools(settings, api_key)]
+        journal = await stack.enter_async_context(open_journal(journal_dir))
+        ledger = await stack.enter_async_context(RunLedger(results_dir, dataset))
+        http = pools[0]  # also for /key and /generation
         run.ledger, run.http = ledger, http
         await _settle_earlier_runs(run, journal_dir)
         await _check_key(run)
         try:
             async with anyio.create_task_group() as housekeeping:
                 housekeeping.start_soon(_tick_forever, run, heartbeat)
-                await _feed_workers(todo, http, journal, run)
+                await _feed_workers(todo, pools, journal, run)
                 housekeeping.cancel_scope.cancel()
         finally:
             heartbeat.remove()
@@ -428,18 +429,22 @@ def _raise_open_file_limit(concurrency: int) -> None:
                     raised, concurrency)
 
 
-def _http_client(settings: GenerationSettings, api_key: ApiKey | None) -> httpx.AsyncClient:
-    limits = httpx.Limits(
-        max_connections=settings.concurrency,
-        max_keepalive_connections=min(settings.concurrency, MAX_KEEPALIVE_CONNECTIONS),
-    )
-    return httpx.AsyncClient(
-        base_url=settings.base_url.rstrip("/") + "/",
-        headers=api_key.authorization_header() if api_key else {},
-        limits=limits,
-        # Read = the longest gap between bytes; no pool timeout: admission already caps waiting requests.
-        timeout=httpx.Timeout(settings.request_timeout_s, pool=None),
-    )
+def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[httpx.AsyncClient]:
+    """Clients of at most POOL_CONNECTIONS connections each, all kept alive: httpcore scans its whole
+    connection list on every request and response, so one pool of 2000 costs O(2000) per event, and
+    capping idle connections instead makes every request pay a new connection."""
+    count = math.ceil(settings.concurrency / POOL_CONNECTIONS)
+    size = math.ceil(settings.concurrency / count)
+    return [
+        httpx.AsyncClient(
+            base_url=settings.base_url.rstrip("/") + "/",
+            headers=api_key.authorization_header() if api_key else {},
+            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            # Read = the longest gap between bytes; no pool timeout: admission caps the waiting requests.
+            timeout=httpx.Timeout(settings.request_timeout_s, pool=None),
+        )
+        for _ in range(count)
+    ]
 
 
 async def _settle_earlier_runs(run: _Run, journal_dir: Path) -> None:
@@ -517,13 +522,14 @@ async def _check_key(run: _Run) -> None:
 
 
 async def _feed_workers(
-    todo: list[dict[str, Any]], http: httpx.AsyncClient, journal: AppendLog, run: _Run
+    todo: list[dict[str, Any]], pools: list[httpx.AsyncClient], journal: AppendLog, run: _Run
 ) -> None:
+    """Worker i sends through pool i mod n, so every pool carries an equal share of the requests."""
     settings = run.settings
     send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
     async with anyio.create_task_group() as workers:
-        for _ in range(min(settings.concurrency, len(todo))):
-            workers.start_soon(_worker, receive.clone(), http, journal, run)
+        for number in range(min(settings.concurrency, len(todo))):
+            workers.start_soon(_worker, receive.clone(), pools[number % len(pools)], journal, run)
         receive.close()
         async with send:
             for prompt in todo:

@@ -1,0 +1,172 @@
+"""The generation client in-process against the synthetic emulator on loopback: the key's own limit,
+self-hosted servers, the progress line and the per-provider accounts."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from eaglepipe.emulator.runner import running_emulator
+from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
+from eaglepipe.openrouter.ledger import read_ledger
+from eaglepipe.openrouter.progress import ProgressLine
+from eaglepipe.openrouter.stage import run_generation, write_providers
+
+MODEL = "moonshotai/kimi-k2.5"
+
+
+@pytest.fixture(scope="module")
+def synthetic_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("synthetic") / "emulator.log"
+    args = [
+        "--model-id",
+        MODEL,
+        "--seed",
+        "3",
+        "--tokens-per-s",
+        "0",
+        "--latency-s",
+        "0.01",
+        "--mean-tokens",
+        "40",
+    ]
+    with running_emulator(None, extra_args=args, log_path=log) as url:
+        yield url
+
+
+def prompts(count: int) -> list[dict[str, Any]]:
+    return [{"id": f"p{i}", "messages": [{"role": "user", "content": f"question {i}"}]} for i in range(count)]
+
+
+def generate(url: str, results: Path, count: int, **changes: Any) -> GenerationSummary:
+    fields: dict[str, Any] = {
+        "base_url": url,
+        "model": MODEL,
+        "fingerprint": "f",
+        "max_tokens": 200,
+        "concurrency": 8,
+        "progress": False,
+        "recovery_wait_s": 0.0,
+        **changes,
+    }
+    settings = GenerationSettings(**fields)
+
+    async def run() -> GenerationSummary:
+        return await generate_set(
+            prompts(count),
+            settings=settings,
+            api_key=None,
+            journal_dir=results / "s" / ".journal",
+            results_dir=results,
+            dataset="s",
+        )
+
+    return anyio.run(run)
+
+
+def stats(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/emulator/stats").json()
+
+
+def test_a_key_whose_limit_is_spent_stops_before_any_request(synthetic_url: str, tmp_path: Path) -> None:
+    spent = stats(synthetic_url)["usd_charged"]
+    httpx.post(f"{synthetic_url}/emulator/credit", json={"limit": spent}).raise_for_status()
+    try:
+        before = stats(synthetic_url)["requests_received"]
+        summary = generate(synthetic_url, tmp_path / "results", 5, expected_request_usd=0.001)
+    finally:
+        httpx.post(f"{synthetic_url}/emulator/credit", json={"limit": None}).raise_for_status()
+    assert summary.ended_because == "credit_exhausted" and "limit_remaining" in summary.message
+    assert summary.done == 0 and stats(synthetic_url)["requests_received"] == before
+
+
+def test_summary_accounts_per_provider_and_reconciles_with_the_key(
+    synthetic_url: str, tmp_path: Path
+) -> None:
+    summary = generate(synthetic_url, tmp_path / "results", 30, stream=False)
+    assert summary.ended_because == "all_done" and summary.done == 30
+    assert sum(row["requests"] for row in summary.providers.values()) == 30
+    assert sum(row["completion_tokens"] for row in summary.providers.values()) == summary.completion_tokens
+    assert summary.billed_by_outcome == {"kept": 30}
+    assert summary.job_ledger_dollars == pytest.approx(summary.dollars)
+    assert summary.key_usage_end - summary.key_usage_start == pytest.approx(summary.job_ledger_dollars)
+    assert read_ledger(tmp_path / "results").usd == pytest.approx(summary.dollars)
+
+
+def test_a_self_hosted_server_gets_no_routing_and_keeps_its_token_ids(
+    synthetic_url: str, tmp_path: Path
+) -> None:
+    config = {
+        "api": {
+            "base_url": synthetic_url,
+            "model": MODEL,
+            "self_hosted": True,
+            "key_file": None,
+            "key_file_env": "EAGLEPIPE_TEST_NO_SUCH_VARIABLE",
+        },
+        "routing": {
+            "quantizations": ["int4"],
+            "ignore": [],
+            "only": [],
+            "min_uptime": None,
+            "require_parameters": [],
+        },
+        "generation": {
+            "max_tokens": 64,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "seed": None,
+            "reasoning": None,
+            "concurrency": 4,
+            "max_attempts": 2,
+            "request_timeout_s": 60,
+            "stream": True,
+            "return_token_ids": True,
+        },
+        "target": {"path": str(tmp_path / "none")},
+    }
+    results = tmp_path / "results"
+    write_providers(config, results / "providers.json")
+    assert json.loads((results / "providers.json").read_text())["self_hosted"] is True
+    prompt_file = results / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps(p) + "\n" for p in prompts(4)))
+    summary = run_generation(
+        config,
+        prompts_path=prompt_file,
+        providers_path=results / "providers.json",
+        responses_path=results / "s" / "responses.jsonl",
+        summary_path=results / "s" / "summary.json",
+        journal_dir=results / "s" / ".journal",
+        fingerprint="self",
+        output_token_budget=10_000,
+        usd_budget=10.0,
+        max_failed_fraction=0.0,
+    )
+    assert summary.done == 4
+    for line in (results / "s" / "responses.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert "provider" not in record["request"]
+        billed = record["usage"]["completion_tokens"]  # the stop token is billed on some endpoints only
+        assert len(record["response"]["token_ids"]) in {billed, billed - 1}
+
+
+def test_progress_redraws_on_a_terminal_and_prints_plain_lines_in_a_log() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, log = Terminal(), io.StringIO()
+    for stream in (terminal, log):
+        line = ProgressLine(stream)
+        line.show("a", now=0.0)
+        line.show("b", now=1.0)
+        line.close("end")
+    assert terminal.getvalue() == "\r\x1b[2Ka\r\x1b[2Kb\r\x1b[2Kend\n"
+    assert log.getvalue() == "a\nend\n"
