@@ -11,7 +11,7 @@ rule tokens:
         stats="results/{ds}/tokens.json",
     params:
         target=TARGET_DIR,
-        on_mismatch=config["tokens"]["on_mismatch"],
+        settings=config["tokens"],
     log:
         "logs/tokens/{ds}.log",
     threads: 1

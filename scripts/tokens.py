@@ -4,6 +4,7 @@ from pathlib import Path
 
 from eaglepipe.jobs import snakemake_job
 from eaglepipe.tokens.build import build_tokens
+from eaglepipe.tokens.rebuild import TokenSettings
 
 with snakemake_job(snakemake) as log:
     stats = build_tokens(
@@ -12,6 +13,6 @@ with snakemake_job(snakemake) as log:
         Path(snakemake.params.target),
         Path(snakemake.output.tokens),
         Path(snakemake.output.stats),
-        on_mismatch=snakemake.params.on_mismatch,
+        TokenSettings.from_config(snakemake.params.settings),
     )
-    log.info("%s: %s %s", snakemake.output.tokens, stats["counts"], stats["billed"])
+    log.info("%s: %s %s %s", snakemake.output.tokens, stats["counts"], stats["shares"], stats["billed"])

@@ -1,4 +1,5 @@
-"""Token stage: rendered prompt + completion, loss mask, server ids checked, billed counts compared."""
+"""Token stage on the embedded SmolLM2 (ChatML): rendered prompt + completion, loss mask, server ids checked,
+billed counts compared, per-sample methods and flags."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from safetensors.torch import load_file
 
 from eaglepipe.target.chat import render_prompt_ids, stop_token_id
 from eaglepipe.target.load import load_target
-from eaglepipe.tokens.build import Method, TokensError, build_tokens
+from eaglepipe.tokens.build import TokensError, build_tokens
+from eaglepipe.tokens.methods import Flag, Method
+from eaglepipe.tokens.rebuild import TokenSettings
 
 PROMPTS = [
     {"id": "p-greet", "messages": [{"role": "user", "content": "Say hello to Ada."}]},
@@ -54,10 +57,10 @@ def write(tmp_path, records):
     return tmp_path / "prompts.jsonl", tmp_path / "responses.jsonl"
 
 
-def run(tmp_path, model_dir, records, **kwargs):
+def run(tmp_path, model_dir, records, **settings):
     prompts, responses = write(tmp_path, records)
     return build_tokens(prompts, responses, model_dir, tmp_path / "tokens.safetensors",
-                        tmp_path / "tokens.json", **kwargs)
+                        tmp_path / "tokens.json", TokenSettings(**settings))
 
 
 def test_rows_masks_and_methods(tmp_path, model_dir, greedy):
@@ -79,6 +82,8 @@ def test_rows_masks_and_methods(tmp_path, model_dir, greedy):
     assert tensors["method"].tolist()[0] == Method.SERVER_IDS
     assert stats["counts"]["prompt_count_mismatches"] == 0
     assert stats["billed"]["relative_difference"] == 0
+    truncated = [not answers[pid][2] for pid in stats["prompt_ids"]]
+    assert [bool(f & Flag.TRUNCATED) for f in tensors["flags"].tolist()] == truncated
 
 
 def test_count_mismatch_is_dropped_or_kept(tmp_path, model_dir, greedy):
@@ -90,8 +95,19 @@ def test_count_mismatch_is_dropped_or_kept(tmp_path, model_dir, greedy):
     assert dropped["counts"]["dropped"] == {"completion_count_mismatch": 1}
     assert dropped["billed"]["rebuilt_minus_billed_histogram"] == {"-2": 1, "0": 1}
     assert dropped["billed"]["relative_difference"] < 0
+    assert dropped["counts"]["by_method"] == {"rebuilt_off_by_k": 1, "server_ids": 1}
     kept = run(tmp_path, model_dir, records, on_mismatch="keep")
     assert kept["prompt_ids"] == ["p-greet", "p-math"]
+
+
+def test_a_provider_that_adds_a_system_prompt_is_flagged(tmp_path, model_dir, greedy):
+    tokenizer, answers = greedy
+    padded = record("p-math", tokenizer, answers, with_ids=False)
+    padded["usage"]["prompt_tokens"] += 7
+    stats = run(tmp_path, model_dir, [padded, record("p-greet", tokenizer, answers, with_ids=False)])
+    assert stats["prompt"]["count_mismatches"] == 1
+    assert stats["prompt"]["rebuilt_minus_billed_histogram"] == {"-7": 1, "0": 1}
+    assert stats["prompt_ids"] == ["p-math", "p-greet"]  # a prompt mismatch alone drops nothing
 
 
 def test_server_ids_that_do_not_decode_to_the_text_are_not_trusted(tmp_path, model_dir, greedy):
@@ -100,6 +116,7 @@ def test_server_ids_that_do_not_decode_to_the_text_are_not_trusted(tmp_path, mod
     bad["response"]["token_ids"] = bad["response"]["token_ids"][::-1]
     stats = run(tmp_path, model_dir, [bad])
     assert "server_ids" not in stats["counts"]["by_method"]
+    assert stats["counts"]["flags"]["server_ids_rejected"] == 1
 
 
 def test_stale_responses_stop_with_one_line(tmp_path, model_dir, greedy):

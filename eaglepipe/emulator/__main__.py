@@ -26,6 +26,7 @@ from eaglepipe.emulator.backend import TokenEngine, TokenText
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.faults import load_faults
 from eaglepipe.emulator.providers import load_endpoints
+from eaglepipe.emulator.text_like import SERVED_SWITCHES, SWITCHES
 from eaglepipe.io import atomic_write
 
 log = logging.getLogger("eaglepipe.emulator")
@@ -73,6 +74,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     model = parser.add_argument_group("model mode")
     model.add_argument("--max-batch", type=int, default=16, help="most requests generated together")
     model.add_argument(
+        "--text-like",
+        choices=SERVED_SWITCHES,
+        help="return text as this engine would (special tokens skipped, ends stripped); default exact",
+    )
+    model.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -95,6 +101,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     given = [name for name in [*SYNTHETIC_OPTIONS, "seed"] if getattr(args, name) is not None]
     if args.model_dir is not None and given:
         parser.error(f"--{given[0].replace('_', '-')} applies only with --synthetic")
+    if args.synthetic and args.text_like is not None:
+        parser.error("--text-like applies only with --model-dir (synthetic words have no special tokens)")
     for name, (default, lowest) in SYNTHETIC_OPTIONS.items():
         value = getattr(args, name)
         if value is None:
@@ -190,7 +198,8 @@ def _model_backend(args: argparse.Namespace) -> tuple[TokenEngine, TokenText]:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_target(args.model_dir)
-    return Engine(model, tokenizer, max_batch=args.max_batch), TokenizerText(tokenizer)
+    text_like = SWITCHES[args.text_like or "exact"]
+    return Engine(model, tokenizer, max_batch=args.max_batch), TokenizerText(tokenizer, text_like)
 
 
 def _synthetic_backend(args: argparse.Namespace) -> tuple[TokenEngine, TokenText]:
@@ -236,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info(
         "serving %s from %s: %d endpoints%s%s",
         args.model_id,
-        "synthetic answers" if args.synthetic else f"{args.model_dir} (max batch {args.max_batch})",
+        "synthetic answers" if args.synthetic else (
+            f"{args.model_dir} (max batch {args.max_batch}, text like {args.text_like or 'exact'})"
+        ),
         len(endpoints),
         f", faults from {args.faults}" if args.faults else "",
         ", key required" if api_key else "",

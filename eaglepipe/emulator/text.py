@@ -6,7 +6,9 @@ from typing import Any
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, engine_reply, kept_markers
 from eaglepipe.target.chat import render_prompt_ids
+from eaglepipe.target.hf_tokenizer import HFTokenizer
 
 
 def decode(tokenizer: Any, ids: list[int]) -> str:
@@ -62,18 +64,58 @@ class TokenBytes:
         return bytes(self.byte_of[char] for char in piece)
 
 
-class TokenizerText:
-    """The model's tokenizer as the app's text side (`backend.TokenText`)."""
+class EngineStream:
+    """Stream deltas of an engine switch's text (`text_like`): special ids the engine skips never reach the
+    decoder, and a stripping engine drops leading whitespace and holds trailing whitespace back until more
+    text follows it (dropping it at the end)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, decoder: StreamDecoder, skipped: frozenset[int], strip: bool) -> None:
+        self.decoder = decoder
+        self.skipped = skipped
+        self.strip = strip
+        self.pending = ""
+        self.started = False
+
+    def push(self, token_id: int) -> str:
+        return "" if token_id in self.skipped else self._out(self.decoder.push(token_id))
+
+    def flush(self) -> str:
+        return self._out(self.decoder.flush())
+
+    def _out(self, delta: str) -> str:
+        if not self.strip:
+            return delta
+        text = self.pending + delta
+        if not self.started:
+            text = text.lstrip()
+        body = text.rstrip()
+        self.pending = text[len(body) :]
+        self.started |= bool(body)
+        return body
+
+
+class TokenizerText:
+    """The model's tokenizer as the app's text side (`backend.TokenText`); `text_like` makes the returned
+    text what that engine would return (the default, `exact`, keeps special tokens in it)."""
+
+    def __init__(self, tokenizer: Any, text_like: EngineSwitch = SWITCHES["exact"]) -> None:
         self.tokenizer = tokenizer
         self.token_bytes = TokenBytes(tokenizer)
+        self.switch = text_like
+        self.target = HFTokenizer(tokenizer)
+        kept = kept_markers(self.target)
+        special = {i for i in tokenizer.added_tokens_decoder if self.target.is_special(i)}
+        self.skipped = frozenset(special - kept) if text_like.skip_special_tokens else frozenset()
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return render_prompt_ids(self.tokenizer, messages, tools)
 
     def decode(self, ids: list[int]) -> str:
-        return decode(self.tokenizer, ids)
+        if self.switch.name == "exact":
+            return decode(self.tokenizer, ids)
+        return engine_reply(self.target, ids, self.switch, stopped=False, thinking=False).content
 
-    def decoder(self) -> StreamDecoder:
-        return StreamDecoder(self.tokenizer)
+    def decoder(self) -> StreamDecoder | EngineStream:
+        if self.switch.name == "exact":
+            return StreamDecoder(self.tokenizer)
+        return EngineStream(StreamDecoder(self.tokenizer), self.skipped, self.switch.whitespace == "strip")

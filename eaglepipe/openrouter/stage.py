@@ -52,6 +52,7 @@ def api_connection(
             str(threads),
             "--max-batch",
             str(config["generation"]["concurrency"]),
+            *["--text-like", api["emulator_text_like"]],
         ],
         log_path=emulator_log,
     ) as base_url:

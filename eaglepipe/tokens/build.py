@@ -1,67 +1,37 @@
-"""Rebuild each sample's token ids: the rendered prompt, then the completion.
+"""The token stage: `tokens.safetensors` (ids, loss mask, per-sample method and flags) and `tokens.json`.
 
-Completion ids come from the server when it returned them and they decode to the returned text (then
-they are the truth, whatever the bill says), else from re-encoding the text; a re-encoded sample whose
-length differs from the billed `completion_tokens` is dropped (or kept, per `tokens.on_mismatch`). Both
-kinds are compared with the bill, and prompt lengths with the billed `prompt_tokens`, in `tokens.json`.
+Every response becomes a sample (`rebuild`); the statistics cover all of them, before any is dropped, so
+they say whether rebuilding works at all; then malformed samples are dropped, as are those whose length
+contradicts the bill (`tokens.on_mismatch: drop`) or that have several readings (`tokens.on_ambiguous:
+drop`). docs/tokens.md explains the methods and the choice between readings.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from enum import IntEnum
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
 from eaglepipe.io import atomic_write, read_jsonl, write_json
-from eaglepipe.target.chat import normalize_messages, render_prompt_ids, stop_token_id
-from eaglepipe.target.load import load_tokenizer
+from eaglepipe.target.chat import normalize_messages
+from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
+from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, Sample, TokensError, TokenSettings
+from eaglepipe.tokens.target import Target
 
 log = logging.getLogger(__name__)
 
-
-class TokensError(ValueError):
-    """A token-stage input problem, in one line."""
-
-
-class Method(IntEnum):
-    """How a sample's completion ids were obtained (stored per sample in `method`)."""
-
-    SERVER_IDS = 0
-    RETOKENIZED_COUNT_MATCH = 1
-    RETOKENIZED_COUNT_MISMATCH = 2
-
-
-@dataclass
-class Sample:
-    prompt_id: str
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    method: Method
-    billed_prompt: int | None
-    billed_completion: int | None
-
-
-@dataclass
-class Stats:
-    rows: list[str] = field(default_factory=list)
-    by_method: dict[str, int] = field(default_factory=dict)
-    dropped: dict[str, int] = field(default_factory=dict)
-    completion_diffs: dict[str, int] = field(default_factory=dict)
-    prompt_mismatches: int = 0
-    rebuilt_completion_sum: int = 0
-    billed_completion_sum: int = 0
-
-    def count(self, bucket: dict[str, int], key: str) -> None:
-        bucket[key] = bucket.get(key, 0) + 1
+__all__ = ["TokensError", "build_tokens", "completion_text", "keep_reason", "summarize"]
 
 
 def completion_text(response: dict[str, Any], tokenizer: Any) -> str:
-    """The answer as the target's template renders an assistant turn (tool calls as text for ChatML)."""
+    """The answer as an HF template renders an assistant turn (tool calls as text for ChatML)."""
     turn = normalize_messages(
         tokenizer,
         [{"role": "assistant", "content": response.get("content"), "tool_calls": response.get("tool_calls")}],
@@ -70,131 +40,161 @@ def completion_text(response: dict[str, Any], tokenizer: Any) -> str:
     return turn["content"]
 
 
-def rebuild_sample(prompt: dict[str, Any], record: dict[str, Any], tokenizer: Any, stop_id: int) -> Sample:
-    response, usage = record["response"], record.get("usage") or {}
-    if response.get("reasoning"):
-        raise TokensError(
-            f"prompt {prompt['id']}: the response carries reasoning, which this stage cannot tokenize yet; "
-            "generate without reasoning (generation.reasoning: {enabled: false}) for this target"
-        )
-    prompt_ids = render_prompt_ids(tokenizer, prompt["messages"], prompt.get("tools"))
-    truncated = response.get("finish_reason") == "length"
-    text = completion_text(response, tokenizer)
-    server_ids = response.get("token_ids")
-    if server_ids is not None and tokenizer.decode(server_ids, skip_special_tokens=False) == text:
-        ids, method = list(server_ids), Method.SERVER_IDS
-    else:
-        if server_ids is not None:
-            log.warning("prompt %s: server ids do not decode to the returned text; re-encoding", prompt["id"])
-        ids, method = tokenizer.encode(text, add_special_tokens=False), None
-    if not truncated:
-        ids.append(stop_id)
-    billed = usage.get("completion_tokens")
-    if method is None:
-        method = Method.RETOKENIZED_COUNT_MATCH if billed == len(ids) else Method.RETOKENIZED_COUNT_MISMATCH
-    return Sample(prompt["id"], prompt_ids, ids, method, usage.get("prompt_tokens"), billed)
-
-
-def check_structure(sample: Sample, vocab_size: int, stop_id: int, truncated: bool) -> str | None:
-    """The reason a sample is structurally wrong, or None."""
-    if not sample.completion_ids:
-        return "empty_completion"
-    if any(not 0 <= t < vocab_size for t in sample.prompt_ids + sample.completion_ids):
-        return "id_outside_vocabulary"
-    if not truncated and sample.completion_ids[-1] != stop_id:
-        return "missing_stop_token"
-    if stop_id in sample.completion_ids[:-1]:
-        return "stop_token_inside_completion"
-    return None
-
-
 def build_tokens(
     prompts_path: Path,
     responses_path: Path,
     target_dir: Path,
     tensors_path: Path,
     stats_path: Path,
-    *,
-    on_mismatch: str = "drop",
+    settings: TokenSettings | None = None,
 ) -> dict[str, Any]:
     """Write `tokens.safetensors` and `tokens.json` for one prompt set; returns the statistics."""
-    tokenizer = load_tokenizer(target_dir)
-    stop_id = stop_token_id(tokenizer)
-    vocab_size = len(tokenizer)
+    settings = settings or TokenSettings()
+    target = Target(load_target_tokenizer(target_dir))
     prompts = {p["id"]: p for p in read_jsonl(prompts_path)}
-    stats = Stats()
-    input_ids: list[int] = []
-    loss_mask: list[int] = []
-    offsets, prompt_lens, methods = [0], [], []
-
-    for record in read_jsonl(responses_path):
-        prompt = prompts.get(record["prompt_id"])
-        if prompt is None:
-            raise TokensError(
-                f"{responses_path}: prompt id {record['prompt_id']} is not in {prompts_path}; "
-                "the responses are stale: rerun generation"
-            )
-        sample = rebuild_sample(prompt, record, tokenizer, stop_id)
-        truncated = record["response"].get("finish_reason") == "length"
-        if sample.billed_completion is not None:
-            diff = len(sample.completion_ids) - sample.billed_completion
-            stats.count(stats.completion_diffs, str(diff))
-            stats.rebuilt_completion_sum += len(sample.completion_ids)
-            stats.billed_completion_sum += sample.billed_completion
-        if sample.billed_prompt is not None and sample.billed_prompt != len(sample.prompt_ids):
-            stats.prompt_mismatches += 1
-        stats.count(stats.by_method, sample.method.name.lower())
-
-        reason = check_structure(sample, vocab_size, stop_id, truncated)
-        if reason is None and sample.method is Method.RETOKENIZED_COUNT_MISMATCH and on_mismatch == "drop":
-            reason = "completion_count_mismatch"
-        if reason:
+    rebuilt = Rebuilder(target, settings).rebuild(prompts, read_jsonl(responses_path), str(responses_path))
+    kept = [s for s in rebuilt.samples if keep_reason(s, settings) is None]
+    for sample in rebuilt.samples:
+        if (reason := keep_reason(sample, settings)) is not None:
             log.warning("prompt %s: dropped (%s)", sample.prompt_id, reason)
-            stats.count(stats.dropped, reason)
-            continue
-        stats.rows.append(sample.prompt_id)
-        input_ids += sample.prompt_ids + sample.completion_ids
-        loss_mask += [0] * len(sample.prompt_ids) + [1] * len(sample.completion_ids)
-        offsets.append(len(input_ids))
-        prompt_lens.append(len(sample.prompt_ids))
-        methods.append(int(sample.method))
-
-    if not stats.rows:
+    if not kept:
+        dropped = Counter(keep_reason(s, settings) for s in rebuilt.samples)
         raise TokensError(
-            f"{responses_path}: no sample survived validation ({stats.dropped}); see this job's log"
+            f"{responses_path}: no sample survived validation ({dict(dropped)}); see this job's log"
         )
-    tensors = {
-        "input_ids": torch.tensor(input_ids, dtype=torch.int32),
-        "loss_mask": torch.tensor(loss_mask, dtype=torch.uint8),
-        "offsets": torch.tensor(offsets, dtype=torch.int64),
-        "prompt_len": torch.tensor(prompt_lens, dtype=torch.int64),
-        "method": torch.tensor(methods, dtype=torch.uint8),
-    }
-    summary = _summary(stats, len(prompts))
+    summary = summarize(rebuilt, settings, len(prompts))
+    tensors = sample_tensors(kept)
     atomic_write(tensors_path, lambda tmp: save_file(tensors, str(tmp)))
     write_json(stats_path, summary)
     return summary
 
 
-def _summary(stats: Stats, num_prompts: int) -> dict[str, Any]:
-    billed = stats.billed_completion_sum
+def keep_reason(sample: Sample, settings: TokenSettings) -> str | None:
+    """Why the sample is dropped, or None to keep it."""
+    if sample.problem is not None:
+        return sample.problem
+    if sample.method is Method.REBUILT_OFF_BY_K and settings.on_mismatch == "drop":
+        return "completion_count_mismatch"
+    if sample.method is Method.REBUILT_AMBIGUOUS and settings.on_ambiguous == "drop":
+        return "ambiguous"
+    return None
+
+
+def sample_tensors(samples: list[Sample]) -> dict[str, torch.Tensor]:
+    """Flat rows `prompt + completion`; the loss mask is 1 exactly on the completion (stop token included)."""
+    lengths = np.array([len(s.prompt_ids) + len(s.completion_ids) for s in samples], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    input_ids = np.concatenate(
+        [np.asarray(part, dtype=np.int32) for s in samples for part in (s.prompt_ids, s.completion_ids)]
+    )
+    prompt_len = np.array([len(s.prompt_ids) for s in samples], dtype=np.int64)
+    loss_mask = np.ones(int(offsets[-1]), dtype=np.uint8)
+    for start, length in zip(offsets[:-1], prompt_len, strict=True):
+        loss_mask[start : start + length] = 0
     return {
-        "prompt_ids": stats.rows,
+        "input_ids": torch.from_numpy(input_ids),
+        "loss_mask": torch.from_numpy(loss_mask),
+        "offsets": torch.from_numpy(offsets),
+        "prompt_len": torch.from_numpy(prompt_len),
+        "method": torch.tensor([int(s.method) for s in samples], dtype=torch.uint8),
+        "flags": torch.tensor([int(s.flags) for s in samples], dtype=torch.int32),
+        "billed_diff": torch.tensor([s.billed_diff for s in samples], dtype=torch.int32),
+    }
+
+
+def summarize(rebuilt: Rebuilt, settings: TokenSettings, num_prompts: int) -> dict[str, Any]:
+    """`tokens.json`: everything but `prompt_ids` counts all responses, before any drop."""
+    samples = rebuilt.samples
+    kept = [s for s in samples if keep_reason(s, settings) is None]
+    by_method = Counter(s.method.name.lower() for s in samples)
+    billed = [s for s in samples if s.billed_completion is not None]
+    return {
+        "prompt_ids": [s.prompt_id for s in kept],
         "method_codes": {m.name.lower(): int(m) for m in Method},
+        "flag_codes": {f.name.lower(): int(f) for f in Flag},  # type: ignore[union-attr]
         "counts": {
             "prompts": num_prompts,
-            "kept": len(stats.rows),
-            "by_method": stats.by_method,
-            "dropped": stats.dropped,
-            "prompt_count_mismatches": stats.prompt_mismatches,
+            "responses": len(samples),
+            "kept": len(kept),
+            "by_method": dict(sorted(by_method.items())),
+            "ambiguous_by_reason": _flag_counts(s for s in samples if s.method is Method.REBUILT_AMBIGUOUS),
+            "flags": _flag_counts(samples, all_flags=True),
+            "dropped": dict(Counter(r for s in samples if (r := keep_reason(s, settings)) is not None)),
+            "prompt_count_mismatches": sum(bool(s.flags & Flag.PROMPT_COUNT_MISMATCH) for s in samples),
         },
-        "billed": {
-            "rebuilt_completion_tokens": stats.rebuilt_completion_sum,
-            "billed_completion_tokens": billed,
-            # Over all samples, before any drop: the figure that says whether rebuilding works at all.
-            "relative_difference": (stats.rebuilt_completion_sum - billed) / billed if billed else None,
-            "rebuilt_minus_billed_histogram": dict(
-                sorted(stats.completion_diffs.items(), key=lambda kv: int(kv[0]))
-            ),
+        "shares": _shares(samples, by_method),
+        "billed": _billed(billed, len(samples)),
+        "prompt": _prompt_summary(samples, settings),
+        "providers": {
+            name: {**profile.summary(), **rebuilt.evidence[name].summary()}
+            for name, profile in sorted(rebuilt.profiles.items())
+        },
+    }
+
+
+def _flag_counts(samples: Iterable[Sample], all_flags: bool = False) -> dict[str, int]:
+    mask = ~0 if all_flags else int(AMBIGUITY_FLAGS)
+    return dict(sorted(Counter(name for s in samples for name in flag_names(int(s.flags) & mask)).items()))
+
+
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 6) if whole else None
+
+
+def _shares(samples: list[Sample], by_method: Counter[str]) -> dict[str, float | None]:
+    """Shares of all responses: `exact` are ids the server gave; `billed_count_matched`, those whose ids
+    have exactly the billed length, however obtained."""
+    total = len(samples)
+    shares = {"exact": _share(sum(s.method in EXACT_METHODS for s in samples), total)}
+    shares |= {
+        m.name.lower(): _share(by_method[m.name.lower()], total) for m in Method if m not in EXACT_METHODS
+    }
+    with_bill = [s for s in samples if s.billed_completion is not None]
+    shares["billed_count_matched"] = _share(sum(s.billed_diff == 0 for s in with_bill), total)
+    return shares
+
+
+def _histogram(values: Iterable[int]) -> dict[str, int]:
+    return {str(k): v for k, v in sorted(Counter(values).items())}
+
+
+def _billed(samples: list[Sample], total: int) -> dict[str, Any]:
+    billed = sum(s.billed_completion for s in samples)  # type: ignore[misc]
+    rebuilt = billed + sum(s.billed_diff for s in samples)
+    as_returned = billed + sum(s.as_returned_diff for s in samples)  # type: ignore[misc]
+    return {
+        "samples_without_billed_count": total - len(samples),
+        "rebuilt_completion_tokens": rebuilt,
+        "billed_completion_tokens": billed,
+        # Over all samples, before any drop: the figure that says whether rebuilding works at all.
+        "relative_difference": (rebuilt - billed) / billed if billed else None,
+        "rebuilt_minus_billed_histogram": _histogram(s.billed_diff for s in samples),
+        # The text encoded as returned, no engine reading undone: what naive re-encoding would give.
+        "as_returned_relative_difference": (as_returned - billed) / billed if billed else None,
+        "as_returned_minus_billed_histogram": _histogram(s.as_returned_diff for s in samples),  # type: ignore[misc]
+    }
+
+
+def _prompt_summary(samples: list[Sample], settings: TokenSettings) -> dict[str, Any]:
+    with_bill = [s for s in samples if s.billed_prompt is not None]
+    with_tools = [s for s in samples if s.prompt_diffs]
+    formats = sorted({f for s in with_tools for f in s.prompt_diffs})
+    return {
+        "count_mismatches": sum(bool(s.flags & Flag.PROMPT_COUNT_MISMATCH) for s in samples),
+        "rebuilt_minus_billed_histogram": _histogram(
+            len(s.prompt_ids) - s.billed_prompt  # type: ignore[operator]
+            for s in with_bill
+        ),
+        "tool_format": settings.tool_format,
+        "samples_with_tools": len(with_tools),
+        "used_other_tool_format": sum(bool(s.flags & Flag.PROMPT_OTHER_TOOL_FORMAT) for s in samples),
+        "tool_formats": {
+            f: {
+                "matched": sum(s.prompt_diffs.get(f) == 0 for s in with_tools),
+                "rendered_minus_billed_histogram": _histogram(
+                    s.prompt_diffs[f] for s in with_tools if f in s.prompt_diffs
+                ),
+            }
+            for f in formats
         },
     }

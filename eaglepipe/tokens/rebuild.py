@@ -1,0 +1,306 @@
+"""From prompts and replies to samples: prompt ids, completion ids, how they were obtained, what is in doubt.
+
+Two passes. The first reads every reply, checks any exact ids it carries and gathers per-provider evidence
+(`profile`); the second renders each prompt and rebuilds each completion under its provider's profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from eaglepipe.target.kimi_chat import KimiChatError, completion_segments
+from eaglepipe.target.kimi_tools import ToolDeclarationError, ToolFormat
+from eaglepipe.target.segments import Special
+from eaglepipe.tokens.candidates import PieceCache, Variant, chatml_variants, kimi_variants, select
+from eaglepipe.tokens.exact import ExactIds, exact_completion, ids_from_bytes
+from eaglepipe.tokens.methods import Flag, Method
+from eaglepipe.tokens.normalize import unpad_edit
+from eaglepipe.tokens.pieces import NO_EDIT
+from eaglepipe.tokens.profile import EngineProfile, Evidence, ProviderPin, decide_profile
+from eaglepipe.tokens.reply import Reply, parse_reply
+from eaglepipe.tokens.target import TOOL_FORMATS, Target, tool_history
+from eaglepipe.tokens.validate import structure_problem
+
+# Replies the stop-billing probe reads per provider; readings that fit the bill.
+STOP_PROBE = 64
+FITTING = (Method.REBUILT_COUNT_MATCHED, Method.REBUILT_AMBIGUOUS)
+
+
+class TokensError(ValueError):
+    """A token-stage input problem, in one line."""
+
+
+@dataclass(frozen=True)
+class TokenSettings:
+    on_mismatch: str = "drop"
+    on_ambiguous: str = "keep"
+    tool_format: ToolFormat = "typescript"
+    providers: dict[str, ProviderPin] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any]) -> TokenSettings:
+        providers = {
+            name: ProviderPin.from_config(entry) for name, entry in (section.get("providers") or {}).items()
+        }
+        return cls(
+            section.get("on_mismatch", "drop"),
+            section.get("on_ambiguous", "keep"),
+            section.get("tool_format", "typescript"),
+            providers,
+        )
+
+
+@dataclass
+class Sample:
+    prompt_id: str
+    provider: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    method: Method
+    flags: Flag
+    billed_prompt: int | None
+    billed_completion: int | None
+    billed_diff: int  # the completion's billable length minus the bill (0 without a bill)
+    as_returned_diff: int | None  # the same for the text encoded as returned, no reading undone
+    prompt_diffs: dict[str, int]  # tool-declaration format -> rendered prompt length minus the bill
+    problem: str | None  # why the sample is malformed, or None
+
+
+@dataclass
+class Rebuilt:
+    samples: list[Sample]
+    profiles: dict[str, EngineProfile]
+    evidence: dict[str, Evidence]
+
+
+@dataclass
+class _Pending:
+    prompt: dict[str, Any]
+    reply: Reply
+    history: int
+    exact: ExactIds | None
+    exact_method: Method | None
+    rejected: bool
+    pieces: PieceCache | None = None  # encodings made by the stop-billing probe, reused once
+
+
+class Rebuilder:
+    def __init__(self, target: Target, settings: TokenSettings | None = None) -> None:
+        self.target = target
+        self.settings = settings or TokenSettings()
+
+    def rebuild(
+        self, prompts: dict[str, dict[str, Any]], records: Iterable[dict[str, Any]], where: str
+    ) -> Rebuilt:
+        pending = [self._first_pass(prompts, record, where) for record in records]
+        evidence: dict[str, Evidence] = {}
+        for item in pending:
+            self._gather(evidence.setdefault(item.reply.provider, Evidence()), item)
+        profiles = {
+            name: decide_profile(found, self.settings.providers.get(name, ProviderPin()))
+            for name, found in evidence.items()
+        }
+        for name, profile in profiles.items():
+            if profile.sources["stop_billed"].startswith("default"):
+                profiles[name] = self._probe_stop_billing(
+                    profile, [p for p in pending if p.reply.provider == name]
+                )
+        samples = [self._sample(item, profiles[item.reply.provider], where) for item in pending]
+        return Rebuilt(samples, profiles, evidence)
+
+    def _probe_stop_billing(self, profile: EngineProfile, items: list[_Pending]) -> EngineProfile:
+        """With nothing known, the stop token's billing is read off the bills: on up to `STOP_PROBE` stopped
+        text-only replies, the assumption under which at least twice as many fit wins (billed on a tie)."""
+        probe = [
+            item
+            for item in items
+            if item.exact is None and not item.reply.truncated and item.reply.billed_completion is not None
+        ][:STOP_PROBE]
+        fits = {billed: 0 for billed in (True, False)}
+        for item in probe:
+            item.pieces = PieceCache(self.target)
+            variants = self._variants(item, profile, item.pieces)
+            for billed in fits:
+                fits[billed] += select(variants, item.reply.billed_completion, billed).method in FITTING
+        if fits[False] >= max(2 * fits[True], 1):
+            return replace(profile, stop_billed=False, sources={**profile.sources, "stop_billed": "bills"})
+        if fits[True] >= max(2 * fits[False], 1):
+            return replace(profile, sources={**profile.sources, "stop_billed": "bills"})
+        return profile
+
+    def _variants(self, item: _Pending, profile: EngineProfile, pieces: PieceCache) -> list[Variant]:
+        if self.target.kimi:
+            return kimi_variants(item.reply, self.target, profile, item.history, pieces)
+        return chatml_variants(item.reply.content, item.reply.truncated, self.target, profile, pieces)
+
+    def _first_pass(self, prompts: dict[str, dict[str, Any]], record: dict[str, Any], where: str) -> _Pending:
+        reply = parse_reply(record, where)
+        prompt = prompts.get(reply.prompt_id)
+        if prompt is None:
+            raise TokensError(
+                f"{where}: prompt id {reply.prompt_id} is not in the prompt set; the responses "
+                "are stale: rerun generation"
+            )
+        if not self.target.kimi:
+            reply = self._as_chatml(reply, record, where)
+        history = tool_history(prompt["messages"])
+        rejected = False
+        for kind in (Method.SERVER_IDS, Method.LOGPROB_BYTES):
+            ids = reply.server_ids if kind is Method.SERVER_IDS else self._logprob_ids(reply)
+            if ids is None:
+                continue
+            exact = exact_completion(self.target, reply, ids, history)
+            if exact is not None:
+                return _Pending(prompt, reply, history, exact, kind, False)
+            rejected = True
+        return _Pending(prompt, reply, history, None, None, rejected)
+
+    def _logprob_ids(self, reply: Reply) -> list[int] | None:
+        return ids_from_bytes(self.target, reply.logprob_bytes) if reply.logprob_bytes else None
+
+    def _as_chatml(self, reply: Reply, record: dict[str, Any], where: str) -> Reply:
+        """A ChatML target answers in one text (tool calls rendered into it) and cannot reason."""
+        if reply.reasoning:
+            raise TokensError(
+                f"{where}: prompt {reply.prompt_id}: the reply carries reasoning, which this target's "
+                "template cannot hold; generate without reasoning (generation.reasoning: {enabled: false})"
+            )
+        calls = record["response"].get("tool_calls") or None
+        return replace(
+            reply, content=self.target.chatml_answer(reply.content, calls), tool_calls=(), thinking=False
+        )
+
+    def _gather(self, evidence: Evidence, item: _Pending) -> None:
+        evidence.samples += 1
+        if self.target.kimi:
+            sites, refuted = pad_signature(item.reply)
+            evidence.pad_sites += sites
+            evidence.pad_refuted += refuted
+        if item.exact is None:
+            return
+        seen = item.exact.observation
+        evidence.exact_samples += 1
+        evidence.exact_whitespace.update(seen.whitespace)
+        for votes, value in (
+            (evidence.stop_billed, seen.stop_billed),
+            (evidence.renumbered, seen.renumbered),
+            (evidence.trimmed, seen.trimmed),
+        ):
+            if value is not None:
+                votes[value] += 1
+
+    def _sample(self, item: _Pending, profile: EngineProfile, where: str) -> Sample:
+        reply, target = item.reply, self.target
+        prompt_ids, prompt_diffs, prompt_flags = self._prompt(item, where)
+        pieces, item.pieces = item.pieces or PieceCache(target), None
+        flags = prompt_flags | (Flag.TRUNCATED if reply.truncated else Flag(0))
+        flags |= Flag.SERVER_IDS_REJECTED if item.rejected else Flag(0)
+        billed = reply.billed_completion
+        stop_unbilled = int(not reply.truncated and not profile.stop_billed)
+        if item.exact is not None:
+            ids, method = item.exact.ids, item.exact_method
+            diff = len(ids) - stop_unbilled - billed if billed is not None else 0
+        else:
+            chosen = select(self._variants(item, profile, pieces), billed, profile.stop_billed)
+            ids, method, diff = chosen.ids, chosen.method, chosen.billed_diff
+            flags |= chosen.flags
+        as_returned = self._as_returned_length(reply, pieces) - stop_unbilled
+        problem = structure_problem(
+            target, prompt_ids, ids, truncated=reply.truncated, thinking=reply.thinking
+        )
+        if (
+            problem is None
+            and target.kimi
+            and reply.thinking
+            and not reply.reasoning
+            and reply.reasoning_tokens
+        ):
+            problem = "reasoning_not_returned"
+        return Sample(
+            reply.prompt_id,
+            reply.provider,
+            prompt_ids,
+            ids,
+            method,
+            flags,  # type: ignore[arg-type]
+            reply.billed_prompt,
+            billed,
+            diff,
+            as_returned - billed if billed is not None else None,
+            prompt_diffs,
+            problem,
+        )
+
+    def _prompt(self, item: _Pending, where: str) -> tuple[list[int], dict[str, int], Flag]:
+        """The configured tool-declaration format, unless only the other one gives the billed length; both
+        lengths are recorded against the bill for prompts with tools."""
+        prompt, reply = item.prompt, item.reply
+        tools = prompt.get("tools")
+        configured = self.settings.tool_format
+        others = [f for f in TOOL_FORMATS if f != configured] if tools and self.target.kimi else []
+        ids, used, failures = None, configured, []
+        for used in (configured, *others):
+            try:
+                ids = self._render(prompt, reply, used)
+                break
+            except (KimiChatError, ToolDeclarationError) as error:
+                failures.append(str(error))
+        if ids is None:
+            raise TokensError(f"{where}: prompt {reply.prompt_id}: {failures[0]}")
+        lengths = {used: len(ids)}
+        for other in others:
+            if other != used:
+                with suppress(ToolDeclarationError):
+                    declarations = self.target.declaration_length(tools, other)
+                    lengths[other] = len(ids) - self.target.declaration_length(tools, used) + declarations
+        billed = reply.billed_prompt
+        flags = Flag(0)
+        if billed is not None and len(ids) != billed:
+            matching = [f for f, length in lengths.items() if length == billed]
+            if matching:
+                ids, flags = self._render(prompt, reply, matching[0]), Flag.PROMPT_OTHER_TOOL_FORMAT
+            else:
+                flags = Flag.PROMPT_COUNT_MISMATCH
+        if not tools or billed is None:
+            return ids, {}, flags
+        # A ChatML template declares tools its own way: one rendering, named after the template.
+        names = {f: f if self.target.kimi else "chat_template" for f in lengths}
+        return ids, {names[f]: length - billed for f, length in lengths.items()}, flags
+
+    def _render(self, prompt: dict[str, Any], reply: Reply, tool_format: ToolFormat) -> list[int]:
+        return self.target.prompt_ids(
+            prompt["messages"], prompt.get("tools"), thinking=reply.thinking, tool_format=tool_format
+        )
+
+    def _as_returned_length(self, reply: Reply, pieces: PieceCache) -> int:
+        """The completion's length for the returned text taken as is (the shared renderer's structure)."""
+        if not self.target.kimi:
+            return len(pieces(reply.content).ids) + int(not reply.truncated)
+        calls = [
+            {"id": c.id, "function": {"name": c.name, "arguments": c.arguments}} for c in reply.tool_calls
+        ]
+        segments = completion_segments(
+            self.target.tokenizer,
+            reasoning=reply.reasoning,
+            content=reply.content,
+            tool_calls=calls,
+            truncated=reply.truncated,
+            thinking=reply.thinking,
+        )
+        return sum(1 if isinstance(s, Special) else len(pieces(s.text).ids) for s in segments)
+
+
+def pad_signature(reply: Reply) -> tuple[int, int]:
+    """(1 if the reply has text next to a marker, 1 if that text lacks a padding engine's space) for the
+    reply's usual structure."""
+    think_end = reply.thinking and bool(reply.content or reply.tool_calls)
+    section = bool(reply.tool_calls)
+    edits = [unpad_edit(reply.content, think_end, section)] if think_end or not reply.thinking else []
+    if reply.thinking:
+        edits.append(unpad_edit(reply.reasoning, False, think_end or section))
+    if any(edit is None for edit in edits):
+        return 1, 1
+    return int(any(edit != NO_EDIT for edit in edits)), 0

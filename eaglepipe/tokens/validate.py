@@ -1,0 +1,58 @@
+"""Structural checks every sample passes before it is written, whatever produced its ids.
+
+The prompt must end with the generation prompt (so the row starts with a whole rendered prompt); the
+completion's special ids must be exactly the markers of a generated turn, in order, ending with the stop
+token unless the reply was cut off (so no special id sits inside a text piece); every id must lie in the
+vocabulary. The loss mask is built from `prompt_len`, so it covers exactly the completion.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from eaglepipe.tokens.target import Target
+
+# Marker letters: T </think>, S/Z tool section begin/end, B call begin, A argument begin, E call end, M stop.
+_STOPPED = re.compile(r"T?(?:S(?:BAE)*Z)?M")
+_CUT_OFF = re.compile(r"T?(?:S(?:BAE)*(?:B|BA|Z)?)?")
+
+
+@cache
+def _letters(target: Target) -> dict[int, str]:
+    layout = target.layout
+    named = {
+        layout.think_end: "T",
+        layout.section_begin: "S",
+        layout.section_end: "Z",
+        layout.call_begin: "B",
+        layout.argument_begin: "A",
+        layout.call_end: "E",
+        layout.stop: "M",
+    }
+    return {token_id: letter for token_id, letter in named.items() if token_id is not None}
+
+
+def structure_problem(
+    target: Target, prompt: list[int], completion: list[int], *, truncated: bool, thinking: bool
+) -> str | None:
+    """Why the sample is malformed (a short snake_case reason), or None."""
+    if not completion:
+        return "empty_completion"
+    if min(min(prompt), min(completion)) < 0 or max(max(prompt), max(completion)) >= target.vocab_size:
+        return "id_outside_vocabulary"
+    opening = target.generation_prompt(thinking)
+    if prompt[-len(opening) :] != opening:
+        return "prompt_without_generation_prompt"
+    if not truncated and completion[-1] != target.layout.stop:
+        return "missing_stop_token"
+    markers = [completion[position] for position in target.special_positions(completion)]
+    letters = _letters(target)
+    if any(token_id not in letters for token_id in markers):
+        return "special_id_inside_text"
+    sequence = "".join(letters[token_id] for token_id in markers)
+    if "M" in (sequence if truncated else sequence[:-1]):
+        return "stop_token_inside_completion"
+    if not (_CUT_OFF if truncated else _STOPPED).fullmatch(sequence) or ("T" in sequence and not thinking):
+        return "markers_out_of_order"
+    return None
