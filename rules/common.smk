@@ -41,6 +41,10 @@ def generation_fingerprint():
         sampling={"temperature": gen["temperature"], "top_p": gen["top_p"], "seed": gen["seed"]},
         max_tokens=gen["max_tokens"],
         reasoning=gen["reasoning"],
+        response_options={
+            "return_token_ids": gen["return_token_ids"],
+            "emulator_text_like": config["api"]["emulator_text_like"],
+        },
     )
 
 

@@ -90,5 +90,6 @@ def test_fingerprint_changes_with_what_shapes_the_response() -> None:
         {"sampling": {"temperature": 0.0, "top_p": 0.95}},
         {"max_tokens": 17},
         {"reasoning": {"effort": "high"}},
+        {"response_options": {"return_token_ids": True}},
     ):
         assert request_fingerprint(**{**base, **change}) != reference, change

@@ -16,12 +16,15 @@ def request_fingerprint(
     sampling: dict[str, Any],
     max_tokens: int,
     reasoning: dict[str, Any] | None,
+    response_options: dict[str, Any] | None = None,
 ) -> str:
     """Everything that changes what a prompt's response may be, hashed so a changed config never reuses
     old responses. 16 hex chars (64 bits) make a collision between the few configs one journal sees
     negligible while staying short enough to read in every record and log line.
 
-    Unset sampling values (None) are dropped, as they are from the request body.
+    Unset sampling values (None) are dropped, as they are from the request body. `response_options` holds
+    what changes the answer's form rather than its content (e.g. `return_token_ids`, the emulator's
+    engine-like text), which the token stage depends on just as much.
     `base_url` names the server, not its current socket: pass the configured value (e.g. the emulator's
     stable name), not a per-run port, or every run gets a new fingerprint and nothing resumes.
     """
@@ -33,5 +36,7 @@ def request_fingerprint(
         "max_tokens": max_tokens,
         "reasoning": reasoning,
     }
+    if response_options:
+        identity["response_options"] = response_options
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:FINGERPRINT_HEX_CHARS]
