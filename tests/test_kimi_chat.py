@@ -8,14 +8,13 @@ import os
 import pytest
 
 from eaglepipe.target import chatml, kimi_chat
-from eaglepipe.target.chat import render_prompt_ids
+from eaglepipe.target.chat import normalize_messages, render_prompt_ids
 from eaglepipe.target.kimi_chat import KimiChatError, completion_segments, prompt_ids, prompt_segments
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.kimi_tokenizer import KimiTokenizer
 from eaglepipe.target.kimi_tools import ToolDeclarationError, declare_tools
 from eaglepipe.target.segments import Special, Text, encode_segments, segments_text
 from eaglepipe.target.tokenizer import load_target_tokenizer
-from eaglepipe.tokens.build import completion_text
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 USER = {"role": "user", "content": "Who are you?"}
@@ -236,8 +235,9 @@ def test_chatml_targets_have_the_same_surface(model_dir):
     assert chatml.prompt_ids(tokenizer, messages, TOOLS) == render_prompt_ids(tokenizer.hf, messages, TOOLS)
     segments = chatml.completion_segments(tokenizer, reasoning=None, content="Calling.", tool_calls=CALLS,
                                           truncated=False)
-    response = {"content": "Calling.", "tool_calls": CALLS}
-    assert segments == [Text(completion_text(response, tokenizer.hf), "content"), Special(tokenizer.stop_id)]
+    answer = {"role": "assistant", "content": "Calling.", "tool_calls": CALLS}
+    turn = normalize_messages(tokenizer.hf, [answer], None)
+    assert segments == [Text(turn[0]["content"], "content"), Special(tokenizer.stop_id)]
     truncated = chatml.completion_segments(tokenizer, reasoning=None, content="Cal", tool_calls=None,
                                            truncated=True)
     assert encode_segments(tokenizer, truncated) == tokenizer.encode("Cal")

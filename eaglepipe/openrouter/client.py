@@ -15,6 +15,7 @@ import logging
 import math
 import random
 import resource
+import ssl
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import certifi
 import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -46,7 +48,7 @@ STOPPING_STATUSES = {
     404: ("no_endpoint", "check model and base_url, or relax `routing` and refresh providers.json"),
 }
 # Connections per httpx client (see _http_pools); measured in bench/generation_client.py.
-POOL_CONNECTIONS = 250
+POOL_CONNECTIONS = 50
 TICK_S = 1.0
 LOG_PROGRESS_EVERY_S = 30.0
 KEY_CHECK_EVERY_S = 60.0
@@ -430,13 +432,16 @@ def _raise_open_file_limit(concurrency: int) -> None:
 
 
 def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[httpx.AsyncClient]:
-    """Clients of at most POOL_CONNECTIONS connections each, all kept alive: httpcore scans its whole
-    connection list on every request and response, so one pool of 2000 costs O(2000) per event, and
-    capping idle connections instead makes every request pay a new connection."""
+    """Clients of at most POOL_CONNECTIONS connections each, all kept alive. httpcore (1.0.x) scans its
+    connection list once per idle connection whenever a request starts or ends, so a pool costs O(size^2)
+    per request: 2000 in one pool is hopeless, 250 still dominated the client's CPU, 50 does not (see
+    bench/generation_client.py). Capping idle connections instead makes requests pay new connections."""
     count = math.ceil(settings.concurrency / POOL_CONNECTIONS)
     size = math.ceil(settings.concurrency / count)
+    tls = ssl.create_default_context(cafile=certifi.where())  # one CA load, not one per client
     return [
         httpx.AsyncClient(
+            verify=tls,
             base_url=settings.base_url.rstrip("/") + "/",
             headers=api_key.authorization_header() if api_key else {},
             limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),

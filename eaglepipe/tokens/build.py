@@ -19,7 +19,6 @@ import torch
 from safetensors.torch import save_file
 
 from eaglepipe.io import atomic_write, read_jsonl, write_json
-from eaglepipe.target.chat import normalize_messages
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
 from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, Sample, TokensError, TokenSettings
@@ -27,17 +26,7 @@ from eaglepipe.tokens.target import Target
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TokensError", "build_tokens", "completion_text", "keep_reason", "summarize"]
-
-
-def completion_text(response: dict[str, Any], tokenizer: Any) -> str:
-    """The answer as an HF template renders an assistant turn (tool calls as text for ChatML)."""
-    turn = normalize_messages(
-        tokenizer,
-        [{"role": "assistant", "content": response.get("content"), "tool_calls": response.get("tool_calls")}],
-        None,
-    )[0]
-    return turn["content"]
+__all__ = ["TokensError", "build_tokens", "keep_reason", "summarize"]
 
 
 def build_tokens(

@@ -1,0 +1,264 @@
+"""How much CPU the generation client spends per response at 2000 in flight, against a naive baseline.
+
+Each case starts a fresh synthetic emulator (no model) and runs one client in its own process, so the
+client's CPU time and peak RSS are its own and the emulator's CPU is measured apart (from /proc). Cases:
+eaglepipe's client (`generate_set`: worker pool, journal and ledger fsyncs included) and openai's
+AsyncOpenAI with an asyncio.Semaphore, each streamed with 1 and with 8 tokens per SSE event, and not
+streamed. The ideal rate is `in_flight x mean tokens / (latency + mean tokens / per-request tok/s)`, what
+the emulator's schedule allows if the client never lags;
+the rate is measured from the emulator's token counter between the first half-pool of answers and the
+last prompt sent (the ramp and the heavy-tailed drain excluded).
+
+    python bench/generation_client.py                      # the full table
+    python bench/generation_client.py --in-flight 50 --requests 200 --tokens-per-s 100   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eaglepipe.emulator.runner import running_emulator
+
+MODEL = "moonshotai/kimi-k2.5"
+CASES = [  # (client, streamed, tokens per SSE event)
+    ("eaglepipe", True, 1),
+    ("eaglepipe", True, 8),
+    ("eaglepipe", False, 8),
+    ("eaglepipe, one pool", True, 8),
+    ("eaglepipe, one pool", False, 8),
+    ("openai+semaphore", True, 1),
+    ("openai+semaphore", True, 8),
+    ("openai+semaphore", False, 8),
+]
+
+
+def prompts(count: int) -> list[dict[str, Any]]:
+    return [
+        {"id": f"p{i}", "messages": [{"role": "user", "content": f"Question {i}: explain."}]}
+        for i in range(count)
+    ]
+
+
+async def run_eaglepipe(url: str, count: int, in_flight: int, stream: bool, max_tokens: int) -> int:
+    from eaglepipe.openrouter.client import GenerationSettings, generate_set
+
+    settings = GenerationSettings(
+        base_url=url,
+        model=MODEL,
+        fingerprint="bench",
+        max_tokens=max_tokens,
+        concurrency=in_flight,
+        stream=stream,
+        progress=False,
+        recovery_wait_s=0.0,
+    )
+    with tempfile.TemporaryDirectory() as scratch:
+        results = Path(scratch) / "results"
+        summary = await generate_set(
+            prompts(count),
+            settings=settings,
+            api_key=None,
+            journal_dir=results / "bench" / ".journal",
+            results_dir=results,
+            dataset="bench",
+        )
+    return summary.completion_tokens
+
+
+async def run_openai(url: str, count: int, in_flight: int, stream: bool, max_tokens: int) -> int:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=600)
+    semaphore = asyncio.Semaphore(in_flight)
+    answers: list[tuple[str, int]] = []
+
+    async def one(prompt: dict[str, Any]) -> None:
+        async with semaphore:
+            if stream:
+                chunks = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=prompt["messages"],
+                    max_tokens=max_tokens,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                text, tokens = [], 0
+                async for chunk in chunks:
+                    if chunk.choices:
+                        text.append(chunk.choices[0].delta.content or "")
+                    if chunk.usage:
+                        tokens = chunk.usage.completion_tokens
+                answers.append(("".join(text), tokens))
+            else:
+                reply = await client.chat.completions.create(
+                    model=MODEL, messages=prompt["messages"], max_tokens=max_tokens
+                )
+                answers.append((reply.choices[0].message.content or "", reply.usage.completion_tokens))
+
+    await asyncio.gather(*(one(prompt) for prompt in prompts(count)))
+    await client.close()
+    return sum(tokens for _, tokens in answers)
+
+
+def client_process(args: argparse.Namespace) -> None:
+    """One case's client: prints {wall_s, cpu_s, completion_tokens, peak_rss_mb} as JSON."""
+    if args.client == "eaglepipe, one pool":  # the design it replaced: one httpx pool for every connection
+        from eaglepipe.openrouter import client
+
+        client.POOL_CONNECTIONS = args.in_flight
+    run = run_openai if args.client == "openai+semaphore" else run_eaglepipe
+    cpu, wall = time.process_time(), time.monotonic()
+    tokens = asyncio.run(run(args.url, args.requests, args.in_flight, args.stream, args.max_tokens))
+    print(
+        json.dumps(
+            {
+                "wall_s": time.monotonic() - wall,
+                "cpu_s": time.process_time() - cpu,
+                "completion_tokens": tokens,
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
+
+
+def steady_rate(samples: list[tuple[float, dict[str, Any]]], in_flight: int, requests: int) -> float:
+    """Output tok/s while the client holds `in_flight` requests: from the first half-pool of answers to
+    the last prompt sent, so neither the ramp nor the heavy-tailed drain counts."""
+    window = [
+        (at, stats["completion_tokens"])
+        for at, stats in samples
+        if stats["responses_completed"] >= in_flight // 2 and stats["requests_received"] < requests
+    ]
+    if len(window) < 2:
+        return float("nan")
+    (start, first), (end, last) = window[0], window[-1]
+    return (last - first) / (end - start)
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int) -> dict[str, Any]:
+    emulator = [
+        "--model-id",
+        MODEL,
+        "--seed",
+        "1",
+        "--tokens-per-s",
+        str(args.tokens_per_s),
+        "--latency-s",
+        str(args.latency_s),
+        "--mean-tokens",
+        str(args.mean_tokens),
+        "--tokens-per-event",
+        str(per_event),
+    ]
+    with running_emulator(None, extra_args=emulator) as url:
+        pid = httpx.get(f"{url}/emulator/stats").json()["pid"]
+        emulator_cpu = process_cpu_s(pid)
+        command = [
+            sys.executable,
+            __file__,
+            "--client",
+            client,
+            "--url",
+            url,
+            "--requests",
+            str(args.requests),
+            "--in-flight",
+            str(args.in_flight),
+            "--max-tokens",
+            str(args.max_tokens),
+        ]
+        if stream:
+            command.append("--stream")
+        samples: list[tuple[float, dict[str, Any]]] = []
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while process.poll() is None:
+            samples.append((time.monotonic(), httpx.get(f"{url}/emulator/stats").json()))
+            time.sleep(0.5)
+        out, err = process.communicate()
+        done = subprocess.CompletedProcess(command, process.returncode, out, err)
+        if done.returncode != 0:
+            raise SystemExit(f"{client} failed: {done.stderr.strip().splitlines()[-1:]}")
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        stats = httpx.get(f"{url}/emulator/stats").json()
+        measured["emulator_cpu_s"] = process_cpu_s(pid) - emulator_cpu
+    responses = stats["responses_completed"]
+    mean_tokens = stats["completion_tokens"] / max(1, stats["requests_billed"])
+    ideal = args.in_flight * mean_tokens / (args.latency_s + mean_tokens / args.tokens_per_s)
+    rate = steady_rate(samples, args.in_flight, args.requests)
+    return {
+        "client": client,
+        "mode": f"stream, {per_event}/event" if stream else "not streamed",
+        "responses": responses,
+        "tok_s": rate,
+        "ideal_tok_s": ideal,
+        "of_ideal": rate / ideal,
+        "client_cpu_ms_per_response": measured["cpu_s"] / responses * 1000,
+        "client_cores": measured["cpu_s"] / measured["wall_s"],
+        "peak_rss_mb": measured["peak_rss_mb"],
+        "emulator_cpu_ms_per_response": measured["emulator_cpu_s"] / responses * 1000,
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| client | mode | responses | tok/s | of ideal | client CPU ms/resp | client cores | "
+        "peak RSS MB | emulator CPU ms/resp |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['client']} | {r['mode']} | {r['responses']} | {r['tok_s']:,.0f} | {r['of_ideal']:.0%} | "
+            f"{r['client_cpu_ms_per_response']:.2f} | {r['client_cores']:.2f} | {r['peak_rss_mb']:.0f} | "
+            f"{r['emulator_cpu_ms_per_response']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--in-flight", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--tokens-per-s", type=float, default=15.0, help="per request, as a provider streams")
+    parser.add_argument("--mean-tokens", type=int, default=150)
+    parser.add_argument("--latency-s", type=float, default=0.5)
+    parser.add_argument("--max-tokens", type=int, default=600)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--client", choices=sorted({case[0] for case in CASES}), help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        client_process(args)
+        return
+    rows = []
+    for client, stream, per_event in CASES:
+        rows.append(run_case(args, client, stream, per_event))
+        print(f"done: {client}, {rows[-1]['mode']}", file=sys.stderr, flush=True)
+    print(
+        f"{args.in_flight} in flight, {args.requests} requests, {args.tokens_per_s:g} tok/s per request, "
+        f"mean {args.mean_tokens} tokens, first token after {args.latency_s:g} s"
+    )
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
