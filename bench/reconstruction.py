@@ -21,26 +21,17 @@ from collections import Counter
 from pathlib import Path
 
 from eaglepipe.emulator.kimi_synthetic import kimi_corpus, reply_record
-from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch
+from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, pin_for
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import sample_tensors
 from eaglepipe.tokens.methods import EXACT_METHODS, Method
-from eaglepipe.tokens.profile import ProviderPin
 from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
 from eaglepipe.tokens.target import Target
 
 SEEDS_TOKENS = 60_000_000
 THROUGHPUT_SWITCHES = ("exact", "vllm", "sglang", "vllm_ids")
 
-
-def pin_for(switch: EngineSwitch) -> ProviderPin:
-    return ProviderPin(
-        switch.whitespace,
-        "renumber" if switch.renumber_tool_ids else "keep",
-        "trim" if switch.trim_arguments else "keep",
-        switch.bills_stop_token,
-    )
 
 
 def throughput(target: Target, corpus: list, switch: EngineSwitch, repeats: int) -> tuple[int, int, float]:

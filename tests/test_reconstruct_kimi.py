@@ -24,7 +24,7 @@ from eaglepipe.emulator.kimi_synthetic import (
     kimi_corpus,
     reply_record,
 )
-from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, engine_reply
+from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, engine_reply, pin_for
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.segments import encode_segments
@@ -32,7 +32,6 @@ from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import build_tokens
 from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
 from eaglepipe.tokens.pieces import Edit, Piece
-from eaglepipe.tokens.profile import ProviderPin
 from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, TokenSettings
 from eaglepipe.tokens.target import Target
 from eaglepipe.tokens.validate import structure_problem
@@ -54,15 +53,6 @@ def kimi(kimi_dir):
 def corpus(kimi) -> list[TrueSample]:
     return kimi_corpus(kimi, CORPUS_SIZE, seed=1)
 
-
-def pin_for(switch: EngineSwitch) -> ProviderPin:
-    """What an informed config says about the engine behind `switch`."""
-    return ProviderPin(
-        switch.whitespace,
-        "renumber" if switch.renumber_tool_ids else "keep",
-        "trim" if switch.trim_arguments else "keep",
-        switch.bills_stop_token,
-    )
 
 
 def hidden_by(switch: EngineSwitch, informed: bool) -> frozenset[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from eaglepipe.target.tokenizer import TargetTokenizer, TokenizerError
+from eaglepipe.tokens.profile import ProviderPin
 
 Whitespace = Literal["keep", "pad", "strip"]
 THINK_END = "</think>"
@@ -207,3 +208,13 @@ def split_tool_calls(text: str, switch: EngineSwitch, tool_history: int) -> tupl
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": match["arguments"]}}
         )
     return text[:cut], calls
+
+
+def pin_for(switch: EngineSwitch) -> ProviderPin:
+    """What an informed config says about the engine behind `switch`: the `tokens.providers` entry."""
+    return ProviderPin(
+        switch.whitespace,
+        "renumber" if switch.renumber_tool_ids else "keep",
+        "trim" if switch.trim_arguments else "keep",
+        switch.bills_stop_token,
+    )
