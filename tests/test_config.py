@@ -23,7 +23,11 @@ def real_config() -> dict:
 def test_real_config_is_valid_and_gets_defaults():
     config = validate_config(real_config(), SCHEMA)
     assert config["generation"]["concurrency"] == 2000
-    assert config["budget"] == {"usd": 100, "output_tokens_per_dataset": 10_000_000}
+    assert config["budget"] == {
+        "usd": 100,
+        "output_tokens_per_dataset": 10_000_000,
+        "price_per_m_tokens": {"input": 0.60, "output": 3.00},
+    }
     assert config["routing"]["quantizations"] == ["int4"]
     assert config["tokens"]["on_mismatch"] == "drop"
     assert config["datasets"] == [f"B{i}" for i in range(1, 9)]
