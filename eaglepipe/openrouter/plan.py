@@ -20,6 +20,7 @@ from eaglepipe.io import read_jsonl
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.ledger import read_ledger
+from eaglepipe.openrouter.routing import dearest_price
 
 # Bytes of a prompt's JSON (messages and tools, structure included) per input token, used when the
 # target's tokenizer is not at hand. It errs high on tokens: the demo's SmolLM2 prompts measure 3.4, and
@@ -141,13 +142,10 @@ def dearest_prices(providers_path: Path, model: str) -> Prices | None:
         providers = json.loads(Path(providers_path).read_text())
     except (OSError, ValueError):
         return None
-    pricing = [endpoint.get("pricing") or {} for endpoint in providers.get("kept") or []]
-    if providers.get("model") != model or not pricing:
+    kept = providers.get("kept") or []
+    if providers.get("model") != model or not kept:
         return None
-    return Prices(
-        prompt=max(float(p.get("prompt") or 0) for p in pricing),
-        completion=max(float(p.get("completion") or 0) for p in pricing),
-    )
+    return Prices(prompt=dearest_price(kept, "prompt"), completion=dearest_price(kept, "completion"))
 
 
 def configured_prices(config: dict[str, Any]) -> Prices | None:

@@ -70,6 +70,12 @@ def select_endpoints(
     return kept, dropped
 
 
+def dearest_price(endpoints: list[dict[str, Any]], side: str) -> float:
+    """USD per token of the dearest endpoint on one side ("prompt" or "completion"): an upper bound for
+    budgets and plans, whichever kept endpoint ends up serving."""
+    return max((float((e.get("pricing") or {}).get(side) or 0) for e in endpoints), default=0.0)
+
+
 def provider_request(kept: list[dict[str, Any]], policy: RoutingPolicy) -> dict[str, Any]:
     """The request's `provider` object. Tags are sorted so a reordered endpoint list does not change
     the request fingerprint (and thereby discard paid responses)."""

@@ -18,7 +18,7 @@ from eaglepipe.config import is_local_api
 from eaglepipe.io import write_json
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError
-from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
+from eaglepipe.openrouter.routing import RoutingPolicy, dearest_price, fetch_providers, provider_request
 from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import ApiKey, read_api_key
 
@@ -69,8 +69,7 @@ def _api_key(config: dict[str, Any]) -> ApiKey | None:
 
 def max_request_usd(endpoints: list[dict[str, Any]], max_tokens: int) -> float:
     """An upper bound on one request's output cost: the dearest kept endpoint at max_tokens."""
-    prices = [float((e.get("pricing") or {}).get("completion") or 0) for e in endpoints]
-    return max(prices, default=0.0) * max_tokens
+    return dearest_price(endpoints, "completion") * max_tokens
 
 
 def write_providers(config: dict[str, Any], out_path: Path, emulator_log: Path | None = None) -> None:

@@ -50,6 +50,3 @@ def restore_edits(text: str) -> list[tuple[Edit, int]]:
         for trail, trail_cost in costs.items()
     ]
 
-
-def is_stripped(text: str) -> bool:
-    return text == text.strip()
