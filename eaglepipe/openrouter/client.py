@@ -32,7 +32,7 @@ from eaglepipe.openrouter.appendlog import AppendLog
 from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
 from eaglepipe.openrouter.errors import OpenRouterError, one_line
-from eaglepipe.openrouter.journal import load_done, open_journal, read_records
+from eaglepipe.openrouter.journal import open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, OtherJobs, RunLedger
 from eaglepipe.openrouter.progress import ProgressLine, ProviderStats, format_eta, provider_table
 from eaglepipe.openrouter.recovery import check_key, recover_generations
@@ -162,7 +162,8 @@ async def generate_set(
     requests (the summary says what happened), only for unusable input."""
     _raise_open_file_limit(settings.concurrency)
     run = _Run(settings, GenerationSummary(requested=len(prompts)), dataset)
-    todo = run.resume(prompts, load_done(journal_dir, settings.fingerprint))
+    journaled = read_records(journal_dir)  # read once: resume and the ledger settlement both need it
+    todo = run.resume(prompts, reusable(journaled, settings.fingerprint))
     log.info(
         "%s: generating %d of %d prompts (%d resumed), fingerprint %s, concurrency %d, %s",
         dataset,
@@ -180,7 +181,7 @@ async def generate_set(
         ledger = await stack.enter_async_context(RunLedger(results_dir, dataset))
         http = pools[0]  # also for /key and /generation
         run.ledger, run.http = ledger, http
-        await _settle_earlier_runs(run, journal_dir)
+        await _settle_earlier_runs(run, journaled)
         await _check_key(run)
         try:
             async with anyio.create_task_group() as housekeeping:
@@ -452,12 +453,12 @@ def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[ht
     ]
 
 
-async def _settle_earlier_runs(run: _Run, journal_dir: Path) -> None:
+async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> None:
     """Before spending: charge journaled answers a killed job never entered in the ledger, and look up
     requests it left in flight."""
     assert run.ledger is not None
     view = run.ledger.view.refresh()
-    for record in read_records(journal_dir):
+    for record in journaled:
         generation_id = record.get("generation_id")
         if generation_id and generation_id not in view.resolved:
             usage = record.get("usage") or {}

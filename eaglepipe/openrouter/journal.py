@@ -21,11 +21,11 @@ def read_records(journal_dir: Path) -> list[dict[str, Any]]:
 
 def load_done(journal_dir: Path, fingerprint: str) -> dict[str, dict[str, Any]]:
     """Responses that may be reused: only the current fingerprint's, keyed by prompt id."""
-    return {
-        record["prompt_id"]: record
-        for record in read_records(journal_dir)
-        if record.get("fingerprint") == fingerprint
-    }
+    return reusable(read_records(journal_dir), fingerprint)
+
+
+def reusable(records: list[dict[str, Any]], fingerprint: str) -> dict[str, dict[str, Any]]:
+    return {record["prompt_id"]: record for record in records if record.get("fingerprint") == fingerprint}
 
 
 def open_journal(journal_dir: Path) -> AppendLog:
