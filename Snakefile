@@ -1,5 +1,7 @@
 # eaglepipe: prompt sets -> target responses -> exact token ids -> hidden states -> EAGLE-3 drafter.
 # Read top-down, this file is the pipeline; each stage's rule lives in rules/, its logic in eaglepipe/.
+# Paths below are relative to the configuration's results root (`paths.results`: results/ for the real
+# run, results/demo/ for the embedded default); rules/common.smk builds them.
 
 configfile: "config.yaml"
 
@@ -9,16 +11,16 @@ include: "rules/common.smk"
 
 rule all:
     input:
-        expand("results/{ds}/hidden.done", ds=DATASETS),
-        "results/drafter/config.json",
-        "results/drafter/model.safetensors",
-        "results/drafter/eval.json",
+        expand(results("{ds}/hidden.done"), ds=DATASETS),
+        results("drafter/config.json"),
+        results("drafter/model.safetensors"),
+        results("drafter/eval.json"),
     default_target: True
 
 
 include: "rules/target.smk"  # the target model's local files (built only for the embedded default)
-include: "rules/prompts.smk"  # 0. resources/prompts/{ds}.jsonl from each set's source
-include: "rules/generate.smk"  # 1. results/providers.json, results/{ds}/responses.jsonl (paid)
-include: "rules/tokens.smk"  # 2. results/{ds}/tokens.safetensors + tokens.json
-include: "rules/hidden.smk"  # 3. results/{ds}/hidden.done + shards (GPU)
-include: "rules/drafter.smk"  # 4-5. results/drafter/{config.json, model.safetensors, eval.json}
+include: "rules/prompts.smk"  # 0. {paths.prompts}/{ds}.jsonl from each set's source
+include: "rules/generate.smk"  # 1. providers.json, {ds}/responses.jsonl (paid)
+include: "rules/tokens.smk"  # 2. {ds}/tokens.safetensors + tokens.json
+include: "rules/hidden.smk"  # 3. {ds}/hidden.done + shards (GPU)
+include: "rules/drafter.smk"  # 4-5. drafter/{config.json, model.safetensors, eval.json}

@@ -71,7 +71,7 @@ async def run_eaglepipe(url: str, count: int, in_flight: int, stream: bool, max_
             settings=settings,
             api_key=None,
             journal_dir=results / "bench" / ".journal",
-            results_dir=results,
+            ledger_dir=results / ".ledger",
             dataset="bench",
         )
     return summary.completion_tokens

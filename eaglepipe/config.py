@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,38 @@ def _with_defaults(validator_class: type) -> type:
 _Validator = _with_defaults(jsonschema.Draft202012Validator)
 
 
+def _coerce_scalar_string(config: dict[str, Any], error: jsonschema.ValidationError) -> bool:
+    """Snakemake's `--config key='{"n": 5}'` hands nested values over as strings ('5'): where the schema
+    wants a number or a boolean and the string spells one, store it as that. True when it changed."""
+    if error.validator != "type" or not isinstance(error.instance, str) or not error.absolute_path:
+        return False
+    wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    text = error.instance.strip()
+    value: Any = None
+    if "integer" in wanted and _INTEGER.fullmatch(text):
+        value = int(text)
+    elif "number" in wanted and _NUMBER.fullmatch(text):
+        value = float(text) if any(c in text for c in ".eE") else int(text)
+    elif "boolean" in wanted and text.lower() in ("true", "false"):
+        value = text.lower() == "true"
+    elif "null" in wanted and text.lower() in ("null", "none", "~"):
+        return _store(config, list(error.absolute_path), None)
+    if value is None:
+        return False
+    return _store(config, list(error.absolute_path), value)
+
+
+_INTEGER = re.compile(r"[-+]?\d+")
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _store(config: Any, path: list[Any], value: Any) -> bool:
+    for part in path[:-1]:
+        config = config[part]
+    config[path[-1]] = value
+    return True
+
+
 def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(str(part) for part in error.absolute_path) or "(top level)"
 
@@ -53,13 +86,21 @@ def _describe(error: jsonschema.ValidationError) -> str:
             if matches_type and sub.validator != "const":
                 return _describe(sub)
         return f"config key '{key}.type' = {error.instance.get('type')!r}: allowed values are 'jsonl', 'hf'"
+    if error.validator == "type" and isinstance(error.instance, str) and len(error.absolute_path) > 1:
+        return (
+            f"config key '{key}' = {error.instance!r}: {error.message} (nested values given with --config "
+            "arrive as strings; put them in a file and pass it with --configfile)"
+        )
     return f"config key '{key}' = {error.instance!r}: {error.message}"
 
 
 def validate_config(config: dict[str, Any], schema_path: Path) -> dict[str, Any]:
     """Validate in place (defaults filled) and check what the schema cannot express."""
     schema = yaml.safe_load(schema_path.read_text())
-    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: len(list(e.absolute_path)))
+    while True:
+        errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: len(list(e.absolute_path)))
+        if not any(_coerce_scalar_string(config, error) for error in errors):
+            break
     if errors:
         raise ConfigError(_describe(errors[0]))
     missing = [name for name in config["datasets"] if name not in config["sources"]]

@@ -15,6 +15,27 @@ except ConfigError as error:
 DATASETS = config["datasets"]
 LOCAL_API = is_local_api(config)
 TARGET_DIR = config["target"]["path"]
+# Every path of the run is built here, from the configuration's roots, so the embedded default
+# (results/demo) and the real run (results) never plan, spend or satisfy each other's files.
+RESULTS_ROOT = config["paths"]["results"].rstrip("/")
+PROMPTS_DIR = config["paths"]["prompts"].rstrip("/")
+
+
+def results(path):
+    """A path under this configuration's results root (wildcards are kept for the rule to fill)."""
+    return f"{RESULTS_ROOT}/{path}"
+
+
+def logs(path):
+    """A job's log file, under the results root like everything else the run writes."""
+    return f"{RESULTS_ROOT}/logs/{path}"
+
+
+def prompt_set(ds="{ds}"):
+    return f"{PROMPTS_DIR}/{ds}.jsonl"
+
+
+LEDGER_DIR = results(".ledger")
 
 
 wildcard_constraints:
@@ -59,8 +80,9 @@ if workflow.is_main_process:
         DATASETS,
         generation_fingerprint(),
         argv=sys.argv,
-        results=Path("results"),
-        prompts_dir=Path("resources/prompts"),
+        results=Path(RESULTS_ROOT),
+        prompts_dir=Path(PROMPTS_DIR),
+        ledger_dir=Path(LEDGER_DIR),
     )
 
 
@@ -69,6 +91,6 @@ onstart:
     from eaglepipe.openrouter.stage import check_key_for_pending_sets
 
     try:
-        check_key_for_pending_sets(config, DATASETS, Path("results"))
+        check_key_for_pending_sets(config, DATASETS, Path(RESULTS_ROOT))
     except OpenRouterError as error:
         sys.exit(f"eaglepipe: {error}")

@@ -4,13 +4,13 @@
 
 rule train_drafter:
     input:
-        manifests=expand("results/{ds}/hidden.done", ds=DATASETS),
-        token_stats=expand("results/{ds}/tokens.json", ds=DATASETS),
+        manifests=expand(results("{ds}/hidden.done"), ds=DATASETS),
+        token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
         model=embedded_target(),
     output:
-        config="results/drafter/config.json",
-        weights="results/drafter/model.safetensors",
-        report="results/drafter/train.json",
+        config=results("drafter/config.json"),
+        weights=results("drafter/model.safetensors"),
+        report=results("drafter/train.json"),
     params:
         target=TARGET_DIR,
         # What shapes the drafter; where it trains (device, gpus) is read from the config by the script.
@@ -18,7 +18,7 @@ rule train_drafter:
         holdout_per_dataset=config["eval"]["holdout_per_dataset"],
         holdout_ids=config["eval"]["holdout_ids"],
     log:
-        "logs/train_drafter.log",
+        logs("train_drafter.log"),
     threads: 2
     resources:
         gpu=config["drafter"]["gpus"],
@@ -30,20 +30,20 @@ rule train_drafter:
 
 rule evaluate_drafter:
     input:
-        config="results/drafter/config.json",
-        weights="results/drafter/model.safetensors",
-        report="results/drafter/train.json",
-        tokens=expand("results/{ds}/tokens.safetensors", ds=DATASETS),
-        token_stats=expand("results/{ds}/tokens.json", ds=DATASETS),
+        config=results("drafter/config.json"),
+        weights=results("drafter/model.safetensors"),
+        report=results("drafter/train.json"),
+        tokens=expand(results("{ds}/tokens.safetensors"), ds=DATASETS),
+        token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
         model=embedded_target(),
     output:
-        eval="results/drafter/eval.json",
+        eval=results("drafter/eval.json"),
     params:
         target=TARGET_DIR,
         # What is measured; where it runs (eval.device, eval.dtype) is read from the config by the script.
         settings={k: v for k, v in config["eval"].items() if k not in ("device", "dtype")},
     log:
-        "logs/evaluate_drafter.log",
+        logs("evaluate_drafter.log"),
     threads: 2
     resources:
         gpu=min(config["drafter"]["gpus"], 1),

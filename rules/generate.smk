@@ -1,4 +1,4 @@
-# 1. Generation, the stage that spends money. Progress lives in results/{ds}/.journal/ (undeclared, so a
+# 1. Generation, the stage that spends money. Progress lives in {results}/{ds}/.journal/ (undeclared, so a
 # failed or killed job never loses a paid response); responses.jsonl is written once, atomically, at the end.
 
 
@@ -6,7 +6,7 @@ rule providers:
     input:
         model=embedded_target() if LOCAL_API else [],
     output:
-        providers="results/providers.json",
+        providers=results("providers.json"),
     params:
         model=config["api"]["model"],
         base_url=config["api"]["base_url"],
@@ -14,7 +14,7 @@ rule providers:
         routing=config["routing"],
         max_tokens=config["generation"]["max_tokens"],
     log:
-        "logs/providers.log",
+        logs("providers.log"),
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -24,12 +24,12 @@ rule providers:
 
 rule generate:
     input:
-        prompts="resources/prompts/{ds}.jsonl",
+        prompts=prompt_set(),
         # ancient: refreshing the endpoint list alone must not re-buy responses.
-        providers=ancient("results/providers.json"),
+        providers=ancient(results("providers.json")),
         model=embedded_target() if LOCAL_API else [],
     output:
-        responses="results/{ds}/responses.jsonl",
+        responses=results("{ds}/responses.jsonl"),
     params:
         # Only what changes the responses or completes a set belongs here: a change reruns the (paid) job,
         # which then resumes from the journal.
@@ -37,13 +37,16 @@ rule generate:
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
         usd_budget=config["budget"]["usd"],
         max_failed_fraction=config["generation"]["max_failed_fraction"],
-        journal=lambda wildcards: f"results/{wildcards.ds}/.journal",
+        journal=results("{ds}/.journal"),
         # Undeclared, like the journal: a failed job keeps the summary that says why it failed.
-        summary=lambda wildcards: f"results/{wildcards.ds}/responses.summary.json",
+        summary=results("{ds}/responses.summary.json"),
+        # The run-wide ledger and heartbeats, shared by every generation job of this results root.
+        ledger=LEDGER_DIR,
+        dataset="{ds}",
     log:
-        "logs/generate/{ds}.log",
+        logs("generate/{ds}.log"),
     localrule: True
-    # Jobs running at once split generation.concurrency and share budget.usd through results/.ledger/;
+    # Jobs running at once split generation.concurrency and share budget.usd through the ledger;
     # the local profile limits api=1 because each local job runs its own emulator on the CPU.
     resources:
         api=1,

@@ -5,13 +5,13 @@ rule prompts:
     input:
         source=source_inputs,
     output:
-        prompts="resources/prompts/{ds}.jsonl",
+        prompts=prompt_set(),
     params:
         source=lambda wildcards: config["sources"][wildcards.ds],
         seed=config["prompts"]["seed"],
         strip_trailing_assistant=config["prompts"]["strip_trailing_assistant"],
     log:
-        "logs/prompts/{ds}.log",
+        logs("prompts/{ds}.log"),
     localrule: True
     conda:
         "../envs/pipeline.yaml"

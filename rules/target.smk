@@ -8,7 +8,7 @@ if config["target"]["embedded"]:
         output:
             model=directory(TARGET_DIR),
         log:
-            "logs/target_model.log",
+            logs("target_model.log"),
         threads: 2
         conda:
             "../envs/pipeline.yaml"

@@ -3,17 +3,17 @@
 
 rule tokens:
     input:
-        prompts="resources/prompts/{ds}.jsonl",
-        responses="results/{ds}/responses.jsonl",
+        prompts=prompt_set(),
+        responses=results("{ds}/responses.jsonl"),
         model=embedded_target(),
     output:
-        tokens="results/{ds}/tokens.safetensors",
-        stats="results/{ds}/tokens.json",
+        tokens=results("{ds}/tokens.safetensors"),
+        stats=results("{ds}/tokens.json"),
     params:
         target=TARGET_DIR,
         settings=config["tokens"],
     log:
-        "logs/tokens/{ds}.log",
+        logs("tokens/{ds}.log"),
     threads: 1
     conda:
         "../envs/pipeline.yaml"

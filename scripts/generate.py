@@ -13,6 +13,8 @@ with snakemake_job(snakemake):
         responses_path=Path(snakemake.output.responses),
         summary_path=Path(snakemake.params.summary),
         journal_dir=Path(snakemake.params.journal),
+        ledger_dir=Path(snakemake.params.ledger),
+        dataset=snakemake.params.dataset,
         fingerprint=snakemake.params.fingerprint,
         output_token_budget=snakemake.params.output_token_budget,
         usd_budget=snakemake.params.usd_budget,

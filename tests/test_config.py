@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,8 @@ def test_local_config_only_overrides():
         (lambda c: c["sources"]["B1"].update(type="csv"), "'sources.B1.type' = 'csv'"),
         (lambda c: c["sources"]["B1"].pop("name"), "'sources.B1' misses 'name'"),
         (lambda c: c["datasets"].append("drafter"), "'datasets.8'"),
+        (lambda c: c["datasets"].append("logs"), "'datasets.8'"),
+        (lambda c: c["generation"].update(concurrency="five"), "pass it with --configfile"),
     ],
 )
 def test_mistakes_name_the_key_in_one_line(mutate, expected):
@@ -71,3 +74,23 @@ def test_snakemake_stops_before_any_job_with_one_line(tmp_path):
     assert run.returncode != 0
     assert "eaglepipe: config key 'generation.concurency' is not allowed" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_numbers_and_booleans_given_as_strings_are_read_as_such():
+    """What Snakemake's --config hands over for nested values: every scalar as a string."""
+    config = copy.deepcopy(real_config())
+    config["generation"].update(concurrency="5", stream="false", temperature="0.7")
+    config["budget"]["usd"] = "0.5"
+    validate_config(config, SCHEMA)
+    assert (config["generation"]["concurrency"], config["generation"]["stream"]) == (5, False)
+    assert (config["generation"]["temperature"], config["budget"]["usd"]) == (0.7, 0.5)
+
+
+def test_nested_config_on_the_command_line_is_accepted(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+         "--configfile", str(REPO / "config.yaml"), "--config", 'generation={"concurrency": 5}'],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "not of type" not in run.stderr

@@ -83,6 +83,8 @@ def generate(prompts_path: Path, settings: GenerationSettings, api_key: Any = No
         folder / "responses.jsonl",
         folder / "summary.json",
         folder / ".journal",
+        folder.parent / ".ledger",
+        folder.name,
         settings,
         api_key,
     )
@@ -267,7 +269,7 @@ def test_dollar_budget_counts_the_whole_run_and_stops_before_passing_it(
 ) -> None:
     first = write_prompts(tmp_path / "results" / "set-a", PROMPTS[:3])
     done = generate(first, settings_for(emulator_url, provider_obj))
-    spent_by_a = read_ledger(tmp_path / "results").usd
+    spent_by_a = read_ledger(tmp_path / "results" / ".ledger").usd
     assert spent_by_a == pytest.approx(done.dollars) and spent_by_a > 0
     per_request = spent_by_a / 3
 
@@ -281,5 +283,5 @@ def test_dollar_budget_counts_the_whole_run_and_stops_before_passing_it(
     with pytest.raises(OpenRouterError, match=r"ended by dollar_budget .*raise budget.usd"):
         generate(second, capped)
     assert billed(emulator_url) - before == 2
-    assert read_ledger(tmp_path / "results").usd <= per_request * 5.5
+    assert read_ledger(tmp_path / "results" / ".ledger").usd <= per_request * 5.5
     assert json.loads((second.parent / "summary.json").read_text())["ended_because"] == "dollar_budget"

@@ -157,7 +157,7 @@ def run(server: ScriptedServer, scripts: list[str], journal: Path, **changes: An
 
     async def generate() -> GenerationSummary:
         return await generate_set(
-            prompts, settings=settings, api_key=None, journal_dir=journal, results_dir=journal, dataset="s"
+            prompts, settings=settings, api_key=None, journal_dir=journal, ledger_dir=journal, dataset="s"
         )
 
     return anyio.run(generate)

@@ -99,7 +99,7 @@ class Rig:
         return json.loads((self.workdir / "results" / name / "responses.summary.json").read_text())
 
     def ledger_usd(self) -> float:
-        return read_ledger(self.workdir / "results").usd
+        return read_ledger(self.workdir / "results" / ".ledger").usd
 
 
 @contextmanager

@@ -64,7 +64,7 @@ def generate(url: str, results: Path, count: int, **changes: Any) -> GenerationS
             settings=settings,
             api_key=None,
             journal_dir=results / "s" / ".journal",
-            results_dir=results,
+            ledger_dir=results / ".ledger",
             dataset="s",
         )
 
@@ -97,7 +97,7 @@ def test_summary_accounts_per_provider_and_reconciles_with_the_key(
     assert summary.billed_by_outcome == {"kept": 30}
     assert summary.job_ledger_dollars == pytest.approx(summary.dollars)
     assert summary.key_usage_end - summary.key_usage_start == pytest.approx(summary.job_ledger_dollars)
-    assert read_ledger(tmp_path / "results").usd == pytest.approx(summary.dollars)
+    assert read_ledger(tmp_path / "results" / ".ledger").usd == pytest.approx(summary.dollars)
 
 
 def test_a_self_hosted_server_gets_no_routing_and_keeps_its_token_ids(
@@ -144,6 +144,8 @@ def test_a_self_hosted_server_gets_no_routing_and_keeps_its_token_ids(
         responses_path=results / "s" / "responses.jsonl",
         summary_path=results / "s" / "summary.json",
         journal_dir=results / "s" / ".journal",
+        ledger_dir=results / ".ledger",
+        dataset="s",
         fingerprint="self",
         output_token_budget=10_000,
         usd_budget=10.0,

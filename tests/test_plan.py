@@ -79,7 +79,15 @@ def write_providers(tmp_path: Path, model: str = "vendor/model") -> None:
 
 
 def plan_of(tmp_path: Path, config: dict):
-    return spend_plan(config, config["datasets"], tmp_path / "results", tmp_path / "prompts", FINGERPRINT)
+    results = tmp_path / "results"
+    return spend_plan(
+        config,
+        config["datasets"],
+        FINGERPRINT,
+        results=results,
+        prompts_dir=tmp_path / "prompts",
+        ledger_dir=results / ".ledger",
+    )
 
 
 def by_name(plan) -> dict:
@@ -150,7 +158,7 @@ def test_dollars_use_the_dearest_kept_endpoint_on_each_side(tmp_path):
 
     plan = plan_of(tmp_path, config)
 
-    assert plan.prices == Prices(prompt=0.000001, completion=0.0001)
+    assert (plan.prices.prompt, plan.prices.completion) == (0.000001, 0.0001)
     (a,) = plan.sets
     assert a.usd == pytest.approx(1000 * 0.000001 + 5000 * 0.0001)
     assert "price: $1/M input, $100/M output" in format_plan(plan)
@@ -281,11 +289,28 @@ def test_a_finished_run_has_nothing_left_to_buy(tmp_path):
 
 def test_targets_narrow_the_plan_to_the_sets_they_name():
     sets = ["B1", "B2", "B3"]
-    assert sets_named_by([], sets) == sets
-    assert sets_named_by(["results/B3/hidden.done", "./results/B1/responses.jsonl"], sets) == ["B1", "B3"]
-    assert sets_named_by(["resources/prompts/B2.jsonl"], sets) == []  # building prompts buys nothing
-    assert sets_named_by(["results/B2/tokens.safetensors", "results/drafter/model.safetensors"], sets) == sets
-    assert sets_named_by(["all"], sets) == sets
+
+    def named(*targets: str) -> list[str]:
+        return sets_named_by(targets, sets, results=Path("results"), prompts_dir=Path("resources/prompts"))
+
+    assert named() == sets
+    assert named("results/B3/hidden.done", "./results/B1/responses.jsonl") == ["B1", "B3"]
+    assert named("resources/prompts/B2.jsonl") == []  # building prompts buys nothing
+    assert named("results/B2/tokens.safetensors", "results/drafter/model.safetensors") == sets
+    assert named("all") == sets
+
+
+def test_targets_are_read_against_the_configurations_own_roots():
+    sets = ["demo-a", "demo-b"]
+
+    def named(*targets: str) -> list[str]:
+        root = Path("results/demo")
+        return sets_named_by(targets, sets, results=root, prompts_dir=root / "prompts")
+
+    assert named("results/demo/demo-b/hidden.done") == ["demo-b"]
+    assert named("results/demo/prompts/demo-a.jsonl") == []
+    # Another root's file is not one of this configuration's sets: plan them all, as for a rule name.
+    assert named("results/demo-a/hidden.done") == sets
 
 
 def test_targets_are_read_from_a_snakemake_command_line_only():

@@ -155,7 +155,7 @@ async def generate_set(
     settings: GenerationSettings,
     api_key: ApiKey | None,
     journal_dir: Path,
-    results_dir: Path,
+    ledger_dir: Path,
     dataset: str,
 ) -> GenerationSummary:
     """Generate every prompt not yet journaled under `settings.fingerprint`; never raises for failed
@@ -174,11 +174,11 @@ async def generate_set(
         settings.concurrency,
         "streamed" if settings.stream else "not streamed",
     )
-    heartbeat = Heartbeat(results_dir, dataset)
+    heartbeat = Heartbeat(ledger_dir, dataset)
     async with contextlib.AsyncExitStack() as stack:
         pools = [await stack.enter_async_context(pool) for pool in _http_pools(settings, api_key)]
         journal = await stack.enter_async_context(open_journal(journal_dir))
-        ledger = await stack.enter_async_context(RunLedger(results_dir, dataset))
+        ledger = await stack.enter_async_context(RunLedger(ledger_dir, dataset))
         http = pools[0]  # also for /key and /generation
         run.ledger, run.http = ledger, http
         await _settle_earlier_runs(run, journaled)

@@ -1,6 +1,7 @@
 """The run-wide ledger: every billed request of every generation job, so `budget.usd` holds for the run.
 
-`results/.ledger/ledger.jsonl` is append-only and shared by all generation jobs (flock per write). Lines:
+`{results}/.ledger/ledger.jsonl` (one per results root) is append-only and shared by all generation
+jobs (flock per write). Lines:
 - `{"event": "started", "set", "prompt_id", "generation_id", "at"}`: a streamed request got its
   generation id, so if the job dies now the request can still be found and charged later;
 - `{"event": "billed", "set", "prompt_id", "generation_id", "usd", "completion_tokens", "outcome",
@@ -9,7 +10,7 @@
   at a kill, charged per `GET /generation`) or `not_found` (never found there: assumed unbilled).
 A `started` line without a `billed` line for its generation id is *unresolved*.
 
-`results/.ledger/live/{set}.json` is each running job's heartbeat (in flight, expected dollars in flight):
+`{results}/.ledger/live/{set}.json` is each running job's heartbeat (in flight, expected dollars in flight):
 other jobs read them to split the concurrency and to keep what is in flight elsewhere out of their own
 dollar headroom.
 """
@@ -28,15 +29,14 @@ from typing import Any
 from eaglepipe.io import atomic_write
 from eaglepipe.openrouter.appendlog import AppendLog, read_new_lines
 
-LEDGER_DIR = ".ledger"
 LEDGER_FILE = "ledger.jsonl"
 LIVE_DIR = "live"
 # A heartbeat older than this is a job that died without removing it (kill -9, lost node).
 HEARTBEAT_STALE_S = 15.0
 
 
-def ledger_path(results_dir: Path) -> Path:
-    return Path(results_dir) / LEDGER_DIR / LEDGER_FILE
+def ledger_path(ledger_dir: Path) -> Path:
+    return Path(ledger_dir) / LEDGER_FILE
 
 
 @dataclass
@@ -76,20 +76,20 @@ class LedgerView:
         return [record for record in self.unresolved.values() if record.get("set") == dataset]
 
 
-def read_ledger(results_dir: Path) -> LedgerView:
-    return LedgerView(ledger_path(results_dir)).refresh()
+def read_ledger(ledger_dir: Path) -> LedgerView:
+    return LedgerView(ledger_path(ledger_dir)).refresh()
 
 
 class RunLedger:
-    """One generation job's side of the ledger: `async with RunLedger(results, "B3") as ledger`."""
+    """One generation job's side of the ledger: `async with RunLedger(ledger_dir, "B3") as ledger`."""
 
-    def __init__(self, results_dir: Path, dataset: str) -> None:
+    def __init__(self, ledger_dir: Path, dataset: str) -> None:
         self.dataset = dataset
-        self.view = LedgerView(ledger_path(results_dir))
+        self.view = LedgerView(ledger_path(ledger_dir))
         # This job's own billed lines, for its summary.
         self.outcomes: Counter[str] = Counter()
         self.usd_billed = 0.0
-        self._log = AppendLog(ledger_path(results_dir), shared=True)
+        self._log = AppendLog(ledger_path(ledger_dir), shared=True)
 
     async def __aenter__(self) -> RunLedger:
         await self._log.__aenter__()
@@ -149,8 +149,8 @@ class OtherJobs:
 class Heartbeat:
     """This job's heartbeat file, and the reading of everyone else's."""
 
-    def __init__(self, results_dir: Path, dataset: str) -> None:
-        self.folder = Path(results_dir) / LEDGER_DIR / LIVE_DIR
+    def __init__(self, ledger_dir: Path, dataset: str) -> None:
+        self.folder = Path(ledger_dir) / LIVE_DIR
         self.path = self.folder / f"{dataset}.json"
         self.host = socket.gethostname()
 

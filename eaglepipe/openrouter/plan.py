@@ -39,7 +39,7 @@ class Prices:
 
     prompt: float
     completion: float
-    source: str = "dearest kept endpoint in results/providers.json"
+    source: str
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         return input_tokens * self.prompt + output_tokens * self.completion
@@ -68,6 +68,7 @@ class SetPlan:
 
 @dataclass(frozen=True)
 class SpendPlan:
+    results: Path
     sets: list[SetPlan]
     prices: Prices | None
     input_method: str | None
@@ -108,9 +109,16 @@ class InputTokens:
 
 
 def spend_plan(
-    config: dict[str, Any], datasets: list[str], results: Path, prompts_dir: Path, fingerprint: str
+    config: dict[str, Any],
+    datasets: list[str],
+    fingerprint: str,
+    *,
+    results: Path,
+    prompts_dir: Path,
+    ledger_dir: Path,
 ) -> SpendPlan:
-    """The plan for `datasets` (in config order) from a validated config and the files on disk."""
+    """The plan for `datasets` (in config order) from a validated config and the files of one results
+    root: its per-set folders, providers.json and ledger, nothing outside it."""
     results, prompts_dir = Path(results), Path(prompts_dir)
     target_dir = Path(config["target"]["path"])
     prices = dearest_prices(results / "providers.json", config["api"]["model"]) or configured_prices(config)
@@ -121,9 +129,10 @@ def spend_plan(
         _plan_set(config, ds, results, prompts_dir, fingerprint, prices, count_input, bytes_per_token)
         for ds in datasets
     ]
-    spent = read_ledger(results).usd
+    spent = read_ledger(ledger_dir).usd
     budget = float(config["budget"]["usd"])
     return SpendPlan(
+        results=results,
         sets=with_coverage(sets, max(budget - spent, 0.0)),
         prices=prices,
         input_method=count_input.method,
@@ -145,7 +154,11 @@ def dearest_prices(providers_path: Path, model: str) -> Prices | None:
     kept = providers.get("kept") or []
     if providers.get("model") != model or not kept:
         return None
-    return Prices(prompt=dearest_price(kept, "prompt"), completion=dearest_price(kept, "completion"))
+    return Prices(
+        prompt=dearest_price(kept, "prompt"),
+        completion=dearest_price(kept, "completion"),
+        source=f"dearest kept endpoint in {providers_path}",
+    )
 
 
 def configured_prices(config: dict[str, Any]) -> Prices | None:
@@ -190,19 +203,28 @@ def with_coverage(sets: list[SetPlan], remaining_usd: float) -> list[SetPlan]:
     return out
 
 
-def sets_named_by(targets: Iterable[str], datasets: list[str]) -> list[str]:
+def sets_named_by(
+    targets: Iterable[str], datasets: list[str], *, results: Path, prompts_dir: Path
+) -> list[str]:
     """The sets whose files the targets are (a prompt file buys nothing); every set when no target is
     given or one is not a single set's file (a rule name, the drafter), since those need every set."""
-    paths = [Path(os.path.normpath(target)).parts for target in targets]
+    root, prompts = _parts(results), _parts(prompts_dir)
+    paths = [_parts(target) for target in targets]
     if not paths:
         return list(datasets)
     named = set()
     for parts in paths:
-        if len(parts) >= 3 and parts[0] == "results" and parts[1] in datasets:
-            named.add(parts[1])
-        elif not (len(parts) == 3 and parts[:2] == ("resources", "prompts") and parts[2].endswith(".jsonl")):
+        below_root = parts[len(root):] if parts[: len(root)] == root else ()
+        below_prompts = parts[len(prompts):] if parts[: len(prompts)] == prompts else ()
+        if len(below_root) >= 2 and below_root[0] in datasets:
+            named.add(below_root[0])
+        elif not (len(below_prompts) == 1 and below_prompts[0].endswith(".jsonl")):
             return list(datasets)
     return [ds for ds in datasets if ds in named]
+
+
+def _parts(path: str | Path) -> tuple[str, ...]:
+    return Path(os.path.normpath(path)).parts
 
 
 def command_line_targets(argv: list[str]) -> list[str]:
@@ -225,13 +247,16 @@ def print_spend_plan(
     argv: list[str],
     results: Path,
     prompts_dir: Path,
+    ledger_dir: Path,
     stream: TextIO = sys.stderr,
 ) -> None:
     """The parse-time hook: the plan for the sets the command line targets. Advisory, so a failure to
     plan is reported in one line and never stops the workflow."""
     try:
-        scope = sets_named_by(command_line_targets(argv), datasets)
-        plan = spend_plan(config, scope, results, prompts_dir, fingerprint)
+        scope = sets_named_by(command_line_targets(argv), datasets, results=results, prompts_dir=prompts_dir)
+        plan = spend_plan(
+            config, scope, fingerprint, results=results, prompts_dir=prompts_dir, ledger_dir=ledger_dir
+        )
     except Exception as error:  # whatever breaks an estimate must not block the run
         print(f"eaglepipe: no spend plan ({type(error).__name__}: {error})", file=stream)
         return
@@ -239,8 +264,9 @@ def print_spend_plan(
 
 
 def format_plan(plan: SpendPlan) -> str:
+    header = f"{HEADER}\nresults root: {plan.results}/ (its per-set folders, providers.json and ledger only)"
     if not plan.has_work:
-        return f"{HEADER}\nnothing left to buy: every planned set has its responses and hidden states"
+        return f"{header}\nnothing left to buy: every planned set has its responses and hidden states"
     columns = ["set", "status", "prompts", "left", "input tok", "per answer", "output tok", "dollars",
                "budget", "shard disk"]
     rows = [_row(item) for item in plan.sets]
@@ -248,7 +274,7 @@ def format_plan(plan: SpendPlan) -> str:
     widths = [max(len(row[i]) for row in [columns, *rows]) for i in range(len(columns))]
     table = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
              for row in [columns, *rows]]
-    return "\n".join([HEADER, *_notes(plan), *table, *_summary(plan)])
+    return "\n".join([header, *_notes(plan), *table, *_summary(plan)])
 
 
 def _plan_set(
@@ -409,7 +435,7 @@ def _notes(plan: SpendPlan) -> list[str]:
         return [""]
     if plan.prices is None:
         price = (
-            "price: unknown (no results/providers.json for this model yet and no budget.price_per_m_tokens)"
+            "price: unknown (no providers.json for this model yet and no budget.price_per_m_tokens)"
         )
     else:
         price = (

@@ -50,14 +50,14 @@ def generate_responses(
     out_path: Path,
     summary_path: Path,
     journal_dir: Path,
+    ledger_dir: Path,
+    dataset: str,
     settings: GenerationSettings,
     api_key: ApiKey | None,
 ) -> GenerationSummary:
     """Generate what the journal lacks, write the summary, then either write `responses.jsonl` (in prompt
-    order, atomically) or raise, leaving it unwritten so Snakemake sees the job failed.
-
-    The journal lives at `results/{set}/.journal`, so the set's name and the run's results folder (where
-    the run-wide ledger is) follow from it."""
+    order, atomically) or raise, leaving it unwritten so Snakemake sees the job failed. `ledger_dir` is the
+    run-wide ledger this set's spending is booked in, as `dataset`."""
     prompts = read_prompt_set(prompts_path)
     run_set = functools.partial(
         generate_set,
@@ -65,8 +65,8 @@ def generate_responses(
         settings=settings,
         api_key=api_key,
         journal_dir=journal_dir,
-        results_dir=journal_dir.parent.parent,
-        dataset=journal_dir.parent.name,
+        ledger_dir=ledger_dir,
+        dataset=dataset,
     )
     summary = anyio.run(run_set)
     write_json(summary_path, summary.to_json())

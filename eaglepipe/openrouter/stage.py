@@ -104,6 +104,8 @@ def run_generation(
     responses_path: Path,
     summary_path: Path,
     journal_dir: Path,
+    ledger_dir: Path,
+    dataset: str,
     fingerprint: str,
     output_token_budget: int,
     usd_budget: float,
@@ -141,7 +143,9 @@ def run_generation(
             stream=gen["stream"],
             return_token_ids=gen["return_token_ids"],
         )
-        summary = generate_responses(prompts_path, responses_path, summary_path, journal_dir, settings, key)
+        summary = generate_responses(
+            prompts_path, responses_path, summary_path, journal_dir, ledger_dir, dataset, settings, key
+        )
     log.info(
         "%s: %d done (%d resumed), %d tokens, $%.4f",
         responses_path,
