@@ -29,3 +29,14 @@ def emulator_url(model_dir: Path) -> Iterator[str]:
 
     with running_emulator(model_dir) as base_url:
         yield base_url
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory, model_dir: Path) -> Path:
+    """The work directory of one full tiny run through Snakemake (tests/tiny_run.py), shared by the
+    modules that inspect what a whole run leaves: it takes minutes. Tests that change it restore it."""
+    from tiny_run import build_tiny_run
+
+    workdir = tmp_path_factory.mktemp("pipeline")
+    build_tiny_run(workdir, model_dir)
+    return workdir

@@ -1,108 +1,77 @@
-"""The whole DAG through Snakemake itself, on a tiny config: real emulator, real model, real training.
+"""The whole DAG through Snakemake itself, on the tiny config (tests/tiny_run.py): real emulator, real
+model, real training, one run shared by the checks.
 
-One module-scoped run is shared by the checks: what it leaves, that a rerun has nothing to do, that an
-edited prompt file reruns only its own chain plus the drafter, and that refreshing providers.json alone
-reruns nothing.
+What it leaves, that a rerun has nothing to do, that an edited prompt file reruns only its own chain plus
+the drafter, that refreshing providers.json alone reruns nothing, and that the tiny run (results root
+results/demo, like the embedded default) and the real config (results/) never plan, spend or satisfy
+each other's work.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-import subprocess
-import sys
-from pathlib import Path
+import shutil
 
 import pytest
-import yaml
+from tiny_run import PROMPTS, REPO, RESULTS_ROOT, planned_jobs, snakemake, write_prompts
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
-
-PROMPTS = {
-    "tiny-a": ["Name a colour.", "What is 3 plus 4?", "Say hi.", "Name a fruit."],
-    "tiny-b": ["Write a haiku about rain.", "What is the capital of Italy?", "Count to three.",
-               "Give me a word that rhymes with cat."],
-}
+# What the real config plans on a fresh clone (tests/test_dryrun.py checks the same table there).
+REAL_FRESH_PLAN = {"prompts": 8, "providers": 1, "generate": 8, "tokens": 8, "hidden": 8,
+                   "train_drafter": 1, "evaluate_drafter": 1, "all": 1}
 
 
-def tiny_config(workdir: Path, model_dir: Path) -> dict:
-    return {
-        "datasets": list(PROMPTS),
-        "sources": {ds: {"type": "jsonl", "path": f"sources/{ds}.jsonl"} for ds in PROMPTS},
-        "target": {"name": "HuggingFaceTB/SmolLM2-135M-Instruct", "path": str(model_dir), "embedded": False},
-        "api": {"base_url": "local", "model": "local/smollm2-135m-instruct"},
-        "generation": {"concurrency": 8, "max_tokens": 12, "temperature": 0.0, "top_p": 1.0,
-                       "return_token_ids": True},
-        "budget": {"usd": 1.0, "output_tokens_per_dataset": 10_000},
-        "hidden": {"dtype": "float32", "device": "cpu", "gpus": 0, "batch_tokens": 2048},
-        "drafter": {"draft_vocab_size": 512, "ttt_length": 2, "lr": 1e-3, "epochs": 1, "max_steps": 4,
-                    "batch_tokens": 1024, "max_seq_len": 256, "dtype": "float32", "device": "cpu", "gpus": 0},
-        "eval": {"holdout_per_dataset": 1, "max_new_tokens": 8, "device": "cpu", "dtype": "float32"},
-    }
+def real_dry_run(workdir, *args):
+    env = {k: v for k, v in os.environ.items() if k != "OPENROUTER_KEY_FILE"}
+    env["HF_HUB_OFFLINE"] = "1"
+    return snakemake(workdir, "-n", *args, configfile=REPO / "config.yaml", env=env)
 
 
-def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-               "--configfile", str(workdir / "tiny.yaml"), "--cores", "2", "--resources", "api=1", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-
-
-def planned_jobs(run: subprocess.CompletedProcess) -> dict[str, int]:
-    """The 'Job stats' table of a dry run, as {rule: count}."""
-    if "Nothing to be done" in run.stdout + run.stderr:
-        return {}
-    table = (run.stdout + run.stderr).split("Job stats:")[1].split("\n\n")[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
-
-
-def write_prompts(workdir: Path, ds: str, texts: list[str]) -> None:
-    lines = [json.dumps({"messages": [{"role": "user", "content": t}]}) + "\n" for t in texts]
-    (workdir / "sources" / f"{ds}.jsonl").write_text("".join(lines))
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, model_dir):
-    workdir = tmp_path_factory.mktemp("pipeline")
-    (workdir / "sources").mkdir()
-    for ds, texts in PROMPTS.items():
-        write_prompts(workdir, ds, texts)
-    (workdir / "tiny.yaml").write_text(yaml.safe_dump(tiny_config(workdir, model_dir)))
-    run = snakemake(workdir)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return workdir
-
-
-def test_every_artifact_exists(pipeline):
+def test_every_artifact_exists(tiny_pipeline):
+    results = tiny_pipeline / RESULTS_ROOT
     for ds in PROMPTS:
         for name in ("responses.jsonl", "responses.summary.json", "tokens.safetensors", "tokens.json",
                      "hidden.done"):
-            assert (pipeline / "results" / ds / name).is_file(), f"{ds}/{name}"
-        manifest = json.loads((pipeline / "results" / ds / "hidden.done").read_text())
+            assert (results / ds / name).is_file(), f"{ds}/{name}"
+        manifest = json.loads((results / ds / "hidden.done").read_text())
         assert manifest["num_samples"] == len(PROMPTS[ds])
-        assert all((pipeline / "results" / ds / s["path"]).is_file() for s in manifest["shards"])
+        assert all((results / ds / s["path"]).is_file() for s in manifest["shards"])
     for name in ("config.json", "model.safetensors", "train.json", "eval.json"):
-        assert (pipeline / "results" / "drafter" / name).is_file()
-    assert json.loads((pipeline / "results" / "drafter" / "config.json").read_text())["architectures"] == [
+        assert (results / "drafter" / name).is_file()
+    assert json.loads((results / "drafter" / "config.json").read_text())["architectures"] == [
         "LlamaForCausalLMEagle3"
     ]
 
 
-def test_responses_carry_usage_and_token_ids(pipeline):
-    lines = (pipeline / "results" / "tiny-a" / "responses.jsonl").read_text().splitlines()
+def test_the_run_writes_nothing_outside_its_results_root(tiny_pipeline):
+    """Its prompts, providers.json, ledger and logs included: only the sources and the config are beside it
+    (and Snakemake's own .snakemake/)."""
+    beside = sorted(p.name for p in tiny_pipeline.iterdir())
+    assert beside == [".snakemake", "results", "sources", "tiny.yaml"]
+    assert sorted(p.name for p in (tiny_pipeline / "results").iterdir()) == ["demo"]
+    results = tiny_pipeline / RESULTS_ROOT
+    for name in ("providers.json", ".ledger/ledger.jsonl", "prompts/tiny-a.jsonl", "logs/hidden/tiny-a.log",
+                 "logs/train_drafter.log"):
+        assert (results / name).is_file(), name
+
+
+def test_responses_carry_usage_and_token_ids(tiny_pipeline):
+    lines = (tiny_pipeline / RESULTS_ROOT / "tiny-a" / "responses.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert len(records) == 4
     for record in records:
         assert record["usage"]["completion_tokens"] >= 1 and record["usage"]["cost"] > 0
         assert record["provider"] and record["response"]["token_ids"]
-    stats = json.loads((pipeline / "results" / "tiny-a" / "tokens.json").read_text())
+    stats = json.loads((tiny_pipeline / RESULTS_ROOT / "tiny-a" / "tokens.json").read_text())
     assert stats["billed"]["relative_difference"] == 0
 
 
-def test_evaluation_uses_held_out_prompts_only(pipeline):
-    train = json.loads((pipeline / "results" / "drafter" / "train.json").read_text())
-    evaluation = json.loads((pipeline / "results" / "drafter" / "eval.json").read_text())
+def test_evaluation_uses_held_out_prompts_only(tiny_pipeline):
+    train = json.loads((tiny_pipeline / RESULTS_ROOT / "drafter" / "train.json").read_text())
+    evaluation = json.loads((tiny_pipeline / RESULTS_ROOT / "drafter" / "eval.json").read_text())
     assert len(train["holdout_ids"]) == 2
     assert sorted(evaluation["prompt_ids"]) == sorted(train["holdout_ids"])
     # Speculation must not change the output: every method emits the target's own greedy tokens.
@@ -113,19 +82,73 @@ def test_evaluation_uses_held_out_prompts_only(pipeline):
         assert method["acceptance_length"] == round(method["tokens"] / method["target_forwards"], 4)
 
 
-def test_rerun_has_nothing_to_do(pipeline):
-    run = snakemake(pipeline, "-n")
+def test_rerun_has_nothing_to_do(tiny_pipeline):
+    run = snakemake(tiny_pipeline, "-n")
     assert run.returncode == 0 and planned_jobs(run) == {}, run.stdout[-2000:]
 
 
-def test_refreshing_providers_reruns_nothing_else(pipeline):
-    run = snakemake(pipeline, "--forcerun", "providers", "--until", "providers")
+def test_the_real_config_plans_its_whole_chain_beside_a_finished_embedded_run(tiny_pipeline):
+    run = real_dry_run(tiny_pipeline)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert planned_jobs(snakemake(pipeline, "-n")) == {}
+    assert planned_jobs(run) == REAL_FRESH_PLAN
+    assert "results root: results/ " in run.stderr
+    assert "budget.usd $100.00: $0.0000 spent so far" in run.stderr
+    # Nothing of the tiny run is named in the real plan: not its sets, root, prompts or drafter.
+    assert "tiny-" not in run.stdout + run.stderr and RESULTS_ROOT not in run.stdout
 
 
-def test_editing_one_prompt_file_reruns_only_its_chain(pipeline):
-    write_prompts(pipeline, "tiny-b", [*PROMPTS["tiny-b"][:3], "Name an animal."])
-    jobs = planned_jobs(snakemake(pipeline, "-n"))
-    assert jobs == {"prompts": 1, "generate": 1, "tokens": 1, "hidden": 1, "train_drafter": 1,
-                    "evaluate_drafter": 1, "all": 1}
+def test_real_config_files_change_nothing_the_embedded_run_plans(tiny_pipeline):
+    """The reverse: the real run's providers.json, ledger (money spent), drafter and a set's files in
+    place change nothing the tiny config plans, and the real config does see them (they are real)."""
+    real = tiny_pipeline / "results"
+    (real / ".ledger").mkdir(parents=True)
+    billed = {"event": "billed", "set": "B1", "prompt_id": "p", "generation_id": "g", "usd": 12.5,
+              "outcome": "kept"}
+    (real / ".ledger" / "ledger.jsonl").write_text(json.dumps(billed) + "\n")
+    endpoint = {"tag": "x/int4", "provider_name": "X", "pricing": {"prompt": "1e-6", "completion": "3e-6"}}
+    (real / "providers.json").write_text(json.dumps({"model": "moonshotai/kimi-k2.5", "kept": [endpoint]}))
+    (real / "drafter").mkdir()
+    for name in ("config.json", "model.safetensors", "train.json", "eval.json"):
+        (real / "drafter" / name).write_text("{}")
+    (real / "B1").mkdir()
+    for name in ("responses.jsonl", "tokens.safetensors", "tokens.json", "hidden.done"):
+        (real / "B1" / name).write_text("")
+    try:
+        tiny = snakemake(tiny_pipeline, "-n")
+        assert tiny.returncode == 0 and planned_jobs(tiny) == {}, tiny.stdout[-2000:]
+        assert "$12.5" not in tiny.stderr and "x/int4" not in tiny.stderr
+
+        seen = real_dry_run(tiny_pipeline)
+        assert "budget.usd $100.00: $12.5000 spent so far" in seen.stderr
+        assert planned_jobs(seen)["generate"] == 7 and "evaluate_drafter" not in planned_jobs(seen)
+    finally:
+        for name in (".ledger", "providers.json", "drafter", "B1"):
+            path = real / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def test_refreshing_providers_reruns_nothing_else(tiny_pipeline):
+    run = snakemake(tiny_pipeline, "--forcerun", "providers", "--until", "providers")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert planned_jobs(snakemake(tiny_pipeline, "-n")) == {}
+
+
+def test_editing_one_prompt_file_reruns_only_its_chain(tiny_pipeline):
+    source = tiny_pipeline / "sources" / "tiny-b.jsonl"
+    original, stat = source.read_text(), source.stat()
+    write_prompts(tiny_pipeline, "tiny-b", [*PROMPTS["tiny-b"][:3], "Name an animal."])
+    try:
+        jobs = planned_jobs(snakemake(tiny_pipeline, "-n"))
+        assert jobs == {"prompts": 1, "generate": 1, "tokens": 1, "hidden": 1, "train_drafter": 1,
+                        "evaluate_drafter": 1, "all": 1}
+    finally:  # the run is shared with other modules: leave it as it was
+        source.write_text(original)
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert planned_jobs(snakemake(tiny_pipeline, "-n")) == {}
+
+
+def test_log_paths_are_under_the_results_root_in_every_rule():
+    """Logs are outputs too: every `log:` is built by logs() in common.smk, under the root."""
+    for rule_file in (REPO / "rules").glob("*.smk"):
+        for block in re.findall(r"^\s+log:\n\s+(.+)$", rule_file.read_text(), re.M):
+            assert block.startswith("logs("), f"{rule_file.name}: log {block}"
