@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from eaglepipe.config import ConfigError, is_local_api, validate_config
-from eaglepipe.openrouter.fingerprint import request_fingerprint
+from eaglepipe.openrouter.fingerprint import config_fingerprint
 
 try:
     validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
@@ -53,20 +53,7 @@ def source_inputs(wildcards):
     return [source["path"]] if source["type"] == "jsonl" else []
 
 
-def generation_fingerprint():
-    gen = config["generation"]
-    return request_fingerprint(
-        model=config["api"]["model"],
-        base_url=config["api"]["base_url"],
-        provider_obj=config["routing"],
-        sampling={"temperature": gen["temperature"], "top_p": gen["top_p"], "seed": gen["seed"]},
-        max_tokens=gen["max_tokens"],
-        reasoning=gen["reasoning"],
-        response_options={
-            "return_token_ids": gen["return_token_ids"],
-            "emulator_text_like": config["api"]["emulator_text_like"],
-        },
-    )
+GENERATION_FINGERPRINT = config_fingerprint(config)
 
 
 # The spend plan, on stderr while parsing, so `snakemake -n` shows it and a real run shows it before it
@@ -78,7 +65,7 @@ if workflow.is_main_process:
     print_spend_plan(
         config,
         DATASETS,
-        generation_fingerprint(),
+        GENERATION_FINGERPRINT,
         argv=sys.argv,
         results=Path(RESULTS_ROOT),
         prompts_dir=Path(PROMPTS_DIR),

@@ -12,6 +12,8 @@ rule train_drafter:
         weights=results("drafter/model.safetensors"),
         report=results("drafter/train.json"),
     params:
+        # The folder SGLang and vLLM load: the declared config.json and model.safetensors are its files.
+        drafter_dir=lambda wildcards, output: str(Path(output.config).parent),
         target=TARGET_DIR,
         # What shapes the drafter; where it trains (device, gpus) is read from the config by the script.
         settings={k: v for k, v in config["drafter"].items() if k not in ("device", "gpus")},
@@ -39,6 +41,7 @@ rule evaluate_drafter:
     output:
         eval=results("drafter/eval.json"),
     params:
+        drafter_dir=lambda wildcards, input: str(Path(input.config).parent),
         target=TARGET_DIR,
         # What is measured; where it runs (eval.device, eval.dtype) is read from the config by the script.
         settings={k: v for k, v in config["eval"].items() if k not in ("device", "dtype")},

@@ -14,7 +14,8 @@ rule providers:
         routing=config["routing"],
         max_tokens=config["generation"]["max_tokens"],
     log:
-        logs("providers.log"),
+        job=logs("providers.log"),
+        emulator=logs("providers.emulator.log"),
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -33,7 +34,7 @@ rule generate:
     params:
         # Only what changes the responses or completes a set belongs here: a change reruns the (paid) job,
         # which then resumes from the journal.
-        fingerprint=generation_fingerprint(),
+        fingerprint=GENERATION_FINGERPRINT,
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
         usd_budget=config["budget"]["usd"],
         max_failed_fraction=config["generation"]["max_failed_fraction"],
@@ -42,9 +43,9 @@ rule generate:
         summary=results("{ds}/responses.summary.json"),
         # The run-wide ledger and heartbeats, shared by every generation job of this results root.
         ledger=LEDGER_DIR,
-        dataset="{ds}",
     log:
-        logs("generate/{ds}.log"),
+        job=logs("generate/{ds}.log"),
+        emulator=logs("generate/{ds}.emulator.log"),
     localrule: True
     # Jobs running at once split generation.concurrency and share budget.usd through the ledger;
     # the local profile limits api=1 because each local job runs its own emulator on the CPU.

@@ -15,7 +15,7 @@ with snakemake_job(snakemake) as log:
         [Path(p) for p in snakemake.input.tokens], [Path(p) for p in snakemake.input.token_stats], holdout_ids
     )
     result = evaluate(
-        Path(snakemake.input.config).parent,
+        Path(snakemake.params.drafter_dir),
         Path(snakemake.params.target),
         [ids for _, ids in prompts],
         num_steps=settings["num_steps"],

@@ -14,11 +14,11 @@ with snakemake_job(snakemake):
         summary_path=Path(snakemake.params.summary),
         journal_dir=Path(snakemake.params.journal),
         ledger_dir=Path(snakemake.params.ledger),
-        dataset=snakemake.params.dataset,
+        dataset=snakemake.wildcards.ds,
         fingerprint=snakemake.params.fingerprint,
         output_token_budget=snakemake.params.output_token_budget,
         usd_budget=snakemake.params.usd_budget,
         max_failed_fraction=snakemake.params.max_failed_fraction,
-        emulator_log=Path(snakemake.log[0]).with_suffix(".emulator.log"),
+        emulator_log=Path(snakemake.log.emulator),
         threads=snakemake.threads,
     )

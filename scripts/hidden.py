@@ -8,6 +8,7 @@ from eaglepipe.jobs import snakemake_job
 with snakemake_job(snakemake) as log:
     manifest = extract_hidden(
         Path(snakemake.input.tokens),
+        Path(snakemake.input.stats),
         Path(snakemake.params.target),
         Path(snakemake.params.shard_dir),
         Path(snakemake.output.manifest),

@@ -9,5 +9,5 @@ with snakemake_job(snakemake):
     write_providers(
         snakemake.config,
         Path(snakemake.output.providers),
-        emulator_log=Path(snakemake.log[0]).with_suffix(".emulator.log"),
+        emulator_log=Path(snakemake.log.emulator),
     )

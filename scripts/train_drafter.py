@@ -17,7 +17,7 @@ with snakemake_job(snakemake) as log:
     report = train_drafter(
         [Path(p) for p in snakemake.input.manifests],
         Path(snakemake.params.target),
-        Path(snakemake.output.config).parent,
+        Path(snakemake.params.drafter_dir),
         holdout_ids=set(holdout),
         settings=TrainSettings(**settings),
     )

@@ -44,7 +44,8 @@ def token_file(tmp_path):
 
 
 def extract(token_path, model_dir, tmp_path, **kwargs):
-    return extract_hidden(token_path, model_dir, tmp_path / "hidden", tmp_path / "hidden.done",
+    return extract_hidden(token_path, token_path.with_name("tokens.json"), model_dir, tmp_path / "hidden",
+                          tmp_path / "hidden.done",
                           target_name="smollm2", dtype="float32", device="cpu", **kwargs)
 
 

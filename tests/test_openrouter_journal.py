@@ -11,7 +11,14 @@ import pytest
 
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.fingerprint import request_fingerprint
-from eaglepipe.openrouter.journal import RECORDS_FILE, load_done, open_journal, read_records
+from eaglepipe.openrouter.journal import (
+    RECORDS_FILE,
+    TALLY_FILE,
+    load_done,
+    open_journal,
+    read_records,
+    tally_done,
+)
 
 
 def record(prompt_id: str, fingerprint: str = "f1") -> dict[str, Any]:
@@ -93,3 +100,40 @@ def test_fingerprint_changes_with_what_shapes_the_response() -> None:
         {"response_options": {"return_token_ids": True}},
     ):
         assert request_fingerprint(**{**base, **change}) != reference, change
+
+
+def usage_record(prompt_id: str, completion: int, fingerprint: str = "f1") -> dict[str, Any]:
+    return {**record(prompt_id, fingerprint), "usage": {"prompt_tokens": 7, "completion_tokens": completion}}
+
+
+def test_the_tally_reads_only_what_was_appended_since_the_last_look(tmp_path: Path) -> None:
+    append_all(tmp_path, [usage_record("a", 10), usage_record("b", 20), usage_record("c", 5, "old")])
+    assert tally_done(tmp_path, "f1") == {
+        "a": {"usage": {"prompt_tokens": 7, "completion_tokens": 10}},
+        "b": {"usage": {"prompt_tokens": 7, "completion_tokens": 20}},
+    }
+    covered = json.loads((tmp_path / TALLY_FILE).read_text())["offset"]
+    assert covered == (tmp_path / RECORDS_FILE).stat().st_size
+
+    # Proof that the covered bytes are not read again: spoil them in place (same size, same first line).
+    data = (tmp_path / RECORDS_FILE).read_bytes()
+    first_end = data.index(b"\n") + 1
+    (tmp_path / RECORDS_FILE).write_bytes(data[:first_end] + data[first_end:].replace(b'"b"', b'"X"'))
+    append_all(tmp_path, [usage_record("d", 30), usage_record("a", 11)])  # a re-answered: the last one counts
+    done = tally_done(tmp_path, "f1")
+    assert {pid: r["usage"]["completion_tokens"] for pid, r in done.items()} == {"a": 11, "b": 20, "d": 30}
+    assert "X" in load_done(tmp_path, "f1")  # a full read sees the spoiled bytes; the tally never reread them
+
+
+def test_a_replaced_or_torn_journal_is_tallied_from_its_start(tmp_path: Path) -> None:
+    append_all(tmp_path, [usage_record("a", 10), usage_record("b", 20)])
+    assert sorted(tally_done(tmp_path, "f1")) == ["a", "b"]
+    (tmp_path / RECORDS_FILE).unlink()
+    append_all(tmp_path, [usage_record("z", 1)])
+    assert sorted(tally_done(tmp_path, "f1")) == ["z"]
+    with open(tmp_path / RECORDS_FILE, "ab") as handle:  # a writer killed mid-line
+        handle.write(b'{"prompt_id": "half')
+    assert sorted(tally_done(tmp_path, "f1")) == ["z"]
+    (tmp_path / TALLY_FILE).write_text("not json")  # a lost cache costs one full read, nothing else
+    assert sorted(tally_done(tmp_path, "f1")) == ["z"]
+    assert tally_done(tmp_path / "missing", "f1") == {}

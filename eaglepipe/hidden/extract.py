@@ -159,6 +159,7 @@ def _forward_rows(model, tokens, rows: range, layers: list[int], batch_tokens: i
 
 def extract_hidden(
     tokens_path: Path,
+    token_stats_path: Path,
     target_dir: Path,
     shard_dir: Path,
     manifest_path: Path,
@@ -170,13 +171,15 @@ def extract_hidden(
     shard_tokens: int = 2_000_000,
     batch_tokens: int = 32768,
 ) -> dict[str, Any]:
-    """Write (or reuse) every shard of one prompt set, then the manifest `hidden.done`."""
+    """Write (or reuse) every shard of one prompt set, then the manifest `hidden.done`. The row order's
+    prompt ids come from the token stage's `tokens.json` (`token_stats_path`)."""
     tokens = load_file(str(tokens_path))
-    prompt_ids = json.loads(Path(tokens_path).with_suffix(".json").read_text())["prompt_ids"]
+    prompt_ids = json.loads(Path(token_stats_path).read_text())["prompt_ids"]
     offsets = tokens["offsets"].tolist()
     if len(prompt_ids) != len(offsets) - 1:
         raise HiddenError(
-            f"{tokens_path}: {len(offsets) - 1} rows but tokens.json lists {len(prompt_ids)} ids: rerun it"
+            f"{tokens_path}: {len(offsets) - 1} rows but {token_stats_path} lists {len(prompt_ids)} ids: "
+            "rerun the tokens rule"
         )
     identity = model_identity(target_dir, target_name)
     layers, hidden_size = resolve_layers(target_dir, aux_layers)

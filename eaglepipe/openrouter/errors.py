@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the spend plan imports this module while Snakemake parses: keep httpx out of it
+    import httpx
 
 MAX_DETAIL_CHARS = 200
 

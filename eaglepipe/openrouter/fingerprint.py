@@ -40,3 +40,20 @@ def request_fingerprint(
         identity["response_options"] = response_options
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:FINGERPRINT_HEX_CHARS]
+
+
+def config_fingerprint(config: dict[str, Any]) -> str:
+    """The fingerprint of the requests a validated config sends (the generate rule's param)."""
+    gen = config["generation"]
+    return request_fingerprint(
+        model=config["api"]["model"],
+        base_url=config["api"]["base_url"],
+        provider_obj=config["routing"],
+        sampling={"temperature": gen["temperature"], "top_p": gen["top_p"], "seed": gen["seed"]},
+        max_tokens=gen["max_tokens"],
+        reasoning=gen["reasoning"],
+        response_options={
+            "return_token_ids": gen["return_token_ids"],
+            "emulator_text_like": config["api"]["emulator_text_like"],
+        },
+    )

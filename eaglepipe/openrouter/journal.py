@@ -6,12 +6,19 @@ never reused. A record is on disk (fsynced) before its prompt counts as done.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.openrouter.appendlog import AppendLog, read_lines
+from eaglepipe.io import atomic_write
+from eaglepipe.openrouter.appendlog import AppendLog, read_lines, read_new_lines
 
 RECORDS_FILE = "records.jsonl"
+# What the spend plan needs of a journal, kept beside it: see `tally_done`.
+TALLY_FILE = "tally.json"
+TALLY_VERSION = 1
 
 
 def read_records(journal_dir: Path) -> list[dict[str, Any]]:
@@ -31,3 +38,50 @@ def reusable(records: list[dict[str, Any]], fingerprint: str) -> dict[str, dict[
 def open_journal(journal_dir: Path) -> AppendLog:
     """The append side of one set's journal; only that set's generation job writes it."""
     return AppendLog(Path(journal_dir) / RECORDS_FILE)
+
+
+def tally_done(journal_dir: Path, fingerprint: str) -> dict[str, dict[str, Any]]:
+    """Like `load_done`, but each record cut down to its usage (`{"usage": {prompt_tokens,
+    completion_tokens}}`): all the spend plan needs. A Kimi-length journal holds hundreds of MB that every
+    dry run would otherwise parse, so the usages are kept in `tally.json` beside it with the byte offset
+    they cover, and each call reads only the lines appended since (the journal is append-only; a journal
+    that was replaced or cut is tallied again from its start). The tally is a cache: losing it costs one
+    full read, and a journal folder that cannot be written to is simply read."""
+    journal_dir = Path(journal_dir)
+    records_path = journal_dir / RECORDS_FILE
+    try:
+        identity = _journal_identity(records_path)
+    except FileNotFoundError:
+        return {}
+    tally = _read_tally(journal_dir / TALLY_FILE)
+    if tally.get("identity") != identity or tally.get("offset", 0) > records_path.stat().st_size:
+        tally = {"version": TALLY_VERSION, "identity": identity, "offset": 0, "done": {}}
+    records, offset = read_new_lines(records_path, tally["offset"])
+    for record in records:
+        usage = record.get("usage") or {}
+        by_prompt = tally["done"].setdefault(str(record.get("fingerprint")), {})
+        by_prompt[record["prompt_id"]] = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+    if offset != tally["offset"]:
+        tally["offset"] = offset
+        with contextlib.suppress(OSError):  # a read-only journal is still planned, read in full each time
+            atomic_write(journal_dir / TALLY_FILE, lambda tmp: tmp.write_text(json.dumps(tally)))
+    return {
+        prompt_id: {"usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+        for prompt_id, (prompt, completion) in tally["done"].get(fingerprint, {}).items()
+    }
+
+
+def _journal_identity(records_path: Path) -> list[Any]:
+    """Which file the tally's offset belongs to: a recreated journal has another inode or first line."""
+    stat = records_path.stat()
+    with open(records_path, "rb") as handle:
+        first_line = handle.readline()
+    return [stat.st_dev, stat.st_ino, hashlib.sha256(first_line).hexdigest()[:16]]
+
+
+def _read_tally(path: Path) -> dict[str, Any]:
+    try:
+        tally = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return tally if isinstance(tally, dict) and tally.get("version") == TALLY_VERSION else {}

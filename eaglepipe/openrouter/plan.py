@@ -1,8 +1,9 @@
 """The spend plan: what the sets still to generate will cost and what their hidden states will take on disk.
 
 Printed at parse time, so `snakemake -n` shows it and a real run shows the same plan before it spends.
-It reads only local files (prompt sets, journals, the ledger, providers.json, the target's config and
-tokenizer): no request, no key. Every estimate it cannot make says "unknown" rather than guess.
+It reads only local files of one results root (prompt sets, journal tallies, the ledger, providers.json)
+and the target's config and tokenizer: no request, no key. Every estimate it cannot make says "unknown"
+rather than guess.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, TextIO
 
 from eaglepipe.io import read_jsonl
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
-from eaglepipe.openrouter.journal import load_done
+from eaglepipe.openrouter.journal import tally_done
 from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import dearest_price
 
@@ -208,19 +209,29 @@ def sets_named_by(
 ) -> list[str]:
     """The sets whose files the targets are (a prompt file buys nothing); every set when no target is
     given or one is not a single set's file (a rule name, the drafter), since those need every set."""
-    root, prompts = _parts(results), _parts(prompts_dir)
-    paths = [_parts(target) for target in targets]
-    if not paths:
+    targets = list(targets)
+    if not targets:
         return list(datasets)
     named = set()
-    for parts in paths:
-        below_root = parts[len(root):] if parts[: len(root)] == root else ()
-        below_prompts = parts[len(prompts):] if parts[: len(prompts)] == prompts else ()
-        if len(below_root) >= 2 and below_root[0] in datasets:
-            named.add(below_root[0])
-        elif not (len(below_prompts) == 1 and below_prompts[0].endswith(".jsonl")):
+    for target in targets:
+        kind, ds = _set_file(target, datasets, results, prompts_dir)
+        if kind == "set":
+            named.add(ds)
+        elif kind != "prompts":
             return list(datasets)
     return [ds for ds in datasets if ds in named]
+
+
+def _set_file(path: str, datasets: list[str], results: Path, prompts_dir: Path) -> tuple[str | None, str]:
+    """("set", ds) for a file in a set's folder, ("prompts", ds) for a built prompt set, else (None, "")."""
+    parts, root, prompts = _parts(path), _parts(results), _parts(prompts_dir)
+    below_root = parts[len(root):] if parts[: len(root)] == root else ()
+    below_prompts = parts[len(prompts):] if parts[: len(prompts)] == prompts else ()
+    if len(below_root) >= 2 and below_root[0] in datasets:
+        return "set", below_root[0]
+    if len(below_prompts) == 1 and below_prompts[0].endswith(".jsonl"):
+        return "prompts", below_prompts[0].removesuffix(".jsonl")
+    return None, ""
 
 
 def _parts(path: str | Path) -> tuple[str, ...]:
@@ -229,7 +240,8 @@ def _parts(path: str | Path) -> tuple[str, ...]:
 
 def command_line_targets(argv: list[str]) -> list[str]:
     """The targets of a `snakemake` command line, parsed by Snakemake's own parser (at parse time the
-    workflow does not know them yet); none when this process was not started as `snakemake`."""
+    workflow does not know them yet); none when this process was not started as `snakemake`. Building
+    that parser costs most of a second, so callers first check that a word could be a target at all."""
     program = Path(argv[0]) if argv else Path()
     if "snakemake" not in (program.name, program.parent.name):
         return []
@@ -253,7 +265,9 @@ def print_spend_plan(
     """The parse-time hook: the plan for the sets the command line targets. Advisory, so a failure to
     plan is reported in one line and never stops the workflow."""
     try:
-        scope = sets_named_by(command_line_targets(argv), datasets, results=results, prompts_dir=prompts_dir)
+        could_narrow = any(_set_file(word, datasets, results, prompts_dir)[0] for word in argv[1:])
+        targets = command_line_targets(argv) if could_narrow else []
+        scope = sets_named_by(targets, datasets, results=results, prompts_dir=prompts_dir)
         plan = spend_plan(
             config, scope, fingerprint, results=results, prompts_dir=prompts_dir, ledger_dir=ledger_dir
         )
@@ -294,7 +308,7 @@ def _plan_set(
         tokens = _generated_tokens(set_dir, max_tokens)
         return SetPlan(ds, "extract", disk_bytes=_times(tokens, bytes_per_token))
 
-    done = load_done(set_dir / ".journal", fingerprint)
+    done = tally_done(set_dir / ".journal", fingerprint)
     prompts_path = prompts_dir / f"{ds}.jsonl"
     if prompts_path.is_file():
         prompts = read_jsonl(prompts_path)

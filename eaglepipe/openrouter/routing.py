@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx
-
 from eaglepipe.openrouter.errors import OpenRouterError, error_detail
 from eaglepipe.openrouter.secrets import ApiKey
 
@@ -91,6 +89,7 @@ def fetch_providers(
     base_url: str, model: str, api_key: ApiKey | None, policy: RoutingPolicy
 ) -> dict[str, Any]:
     """The content of providers.json: the live endpoint list split by the policy."""
+    import httpx  # here, not at the top: the spend plan imports this module while Snakemake parses
     url = f"{base_url.rstrip('/')}/models/{model}/endpoints"
     headers = api_key.authorization_header() if api_key else {}
     try:
