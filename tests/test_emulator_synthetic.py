@@ -156,7 +156,8 @@ def test_billing_counters_equal_the_costs_returned(http: httpx.Client) -> None:
 
 def test_credit_limit_stops_the_run_until_raised_live(http: httpx.Client) -> None:
     spent = stats(http)["usd_charged"]
-    assert http.post("/emulator/credit", json={"limit": spent}).json() == {"limit": spent, "usage": spent}
+    answer = http.post("/emulator/credit", json={"limit": spent}).json()
+    assert answer == {"limit": spent, "key_limit": None, "in_flight_budget": None, "usage": spent}
     refused = http.post("/chat/completions", json=chat("Out of credit?"))
     assert refused.status_code == 402
     validate("error", refused.json())
@@ -167,6 +168,30 @@ def test_credit_limit_stops_the_run_until_raised_live(http: httpx.Client) -> Non
         assert http.post("/emulator/credit", json=bad).status_code == 400
     assert http.post("/emulator/credit", json={"limit": None}).json()["limit"] is None
     assert stats(http)["errors"]["402"] == 1
+
+
+def test_key_limit_and_a_too_dear_request_answer_as_openrouter_documents(http: httpx.Client) -> None:
+    spent = stats(http)["usd_charged"]
+    http.post("/emulator/credit", json={"key_limit": spent}).raise_for_status()
+    try:
+        refused = http.post("/chat/completions", json=chat("Key spent?"))
+        assert refused.status_code == 403
+        validate("error", refused.json())
+        metadata = refused.json()["error"]["metadata"]
+        assert metadata["limit_source"] == "openrouter_key_limit" and metadata["limit_usd"] == spent
+        assert http.get("/key").json()["data"]["limit_remaining"] == 0
+
+        http.post("/emulator/credit", json={"key_limit": None, "in_flight_budget": 1e-6}).raise_for_status()
+        too_dear = http.post("/chat/completions", json=chat("Too dear?", max_tokens=50))
+        assert too_dear.status_code == 402
+        validate("error", too_dear.json())
+        error = too_dear.json()["error"]
+        assert "fewer max_tokens" in error["message"]
+        assert error["metadata"]["reason"] == "weight_exceeds_budget"
+    finally:
+        http.post("/emulator/credit", json={"key_limit": None, "in_flight_budget": None}).raise_for_status()
+    assert http.post("/chat/completions", json=chat("Fine again")).status_code == 200
+    assert stats(http)["reserved_usd"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_a_client_that_disconnects_is_billed_for_the_whole_answer(paced: httpx.Client) -> None:

@@ -49,7 +49,38 @@ def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dic
     }
 
 
+def openrouter_error(
+    status: int, message: str, headers: dict[str, str] | None = None, **metadata: Any
+) -> Response:
+    """An error body as OpenRouter documents it: code, message, metadata (limit_source, provider_name...)."""
+    body = {"error": {"code": status, "message": message, "metadata": metadata}}
+    return JSONResponse(body, status, headers)
+
+
+KEY_LIMIT = {
+    "limit_source": "openrouter_key_limit", "limit_usd": 5, "spend_usd": 5.01, "resets_at": "2026-12-02"
+}
+PROVIDER_400 = {"provider_name": "Chutes", "raw": "upstream worker restarted"}
+
 SCRIPTS: dict[str, list[Response]] = {
+    "key-limit": [openrouter_error(403, "Key limit exceeded", **KEY_LIMIT)],
+    "workspace-budget": [
+        openrouter_error(
+            403, "Workspace budget exceeded", limit_source="openrouter_workspace_budget", limit_usd=50
+        )
+    ],
+    "in-flight-budget": [
+        openrouter_error(402, "In-flight budget reached", {"Retry-After": "0.3"},
+                         limit_source="openrouter_in_flight_budget"),
+        ok(),
+    ],
+    "too-dear": [
+        openrouter_error(402, "This request requires more credits, or fewer max_tokens. You requested up to "
+                         "16384 tokens, but can only afford 9000.", limit_source="openrouter_credits")
+    ],
+    "provider-400-passes": [openrouter_error(400, "Provider returned error", **PROVIDER_400), ok()],
+    "provider-400-stays": [openrouter_error(400, "Provider returned error", **PROVIDER_400)] * 3,
+    "string-code-in-200": [JSONResponse({"error": {"code": "502", "message": "upstream"}}), ok()],
     "rate-limited": [error(429, {"Retry-After": "0.3"}), ok()],
     "errors-inside-200": [
         JSONResponse(
@@ -216,3 +247,43 @@ def test_stream_skips_comments_merges_tool_calls_and_rejects_error_chunks(
         "cost": 0.001,
     }
     assert done["stream-error"]["response"]["content"] == "whole" and done["stream-error"]["attempts"] == 2
+
+
+def test_budget_403s_stop_the_run_resumable_never_fail_the_prompt(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    summary = run(scripted, ["key-limit", "rate-limited"], tmp_path)
+    assert summary.ended_because == "key_limit" and summary.failed_permanent == 0 and summary.failures == []
+    assert "openrouter_key_limit: limit_usd 5, spend_usd 5.01, resets_at 2026-12-02" in summary.message
+    assert "raise the key's limit" in summary.message and "rate-limited" not in scripted.attempt_times
+
+    summary = run(scripted, ["workspace-budget"], tmp_path / "w")
+    assert summary.ended_because == "budget_limit" and "workspace budget" in summary.message
+
+
+def test_in_flight_budget_402_is_waited_out_and_retried(scripted: ScriptedServer, tmp_path: Path) -> None:
+    summary = run(scripted, ["in-flight-budget"], tmp_path)
+    assert summary.ended_because == "all_done" and summary.done == 1
+    assert summary.errors_by_class == {"http_402_openrouter_in_flight_budget": 1}
+    first, second = scripted.attempt_times["in-flight-budget"]
+    assert second - first >= 0.3
+
+
+def test_a_request_dearer_than_the_whole_budget_stops_with_the_setting_to_lower(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    summary = run(scripted, ["too-dear", "rate-limited"], tmp_path)
+    assert summary.ended_because == "request_too_dear" and "lower generation.max_tokens" in summary.message
+    assert len(scripted.attempt_times["too-dear"]) == 1 and "rate-limited" not in scripted.attempt_times
+
+
+def test_provider_400s_get_a_few_tries_then_fail_with_the_providers_message(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    summary = run(scripted, ["provider-400-passes", "provider-400-stays", "string-code-in-200"], tmp_path)
+    assert summary.done == 2 and summary.failed_permanent == 1 and summary.failed_transient == 0
+    (failure,) = summary.failures
+    assert (failure["prompt_id"], failure["status"], failure["attempts"]) == ("provider-400-stays", 400, 3)
+    assert "[Chutes: upstream worker restarted]" in failure["error"]
+    assert summary.errors_by_class["http_400_provider"] == 4
+    assert len(scripted.attempt_times["string-code-in-200"]) == 2  # "502" as a string is still a 502

@@ -83,7 +83,7 @@ def test_a_key_whose_limit_is_spent_stops_before_any_request(synthetic_url: str,
         summary = generate(synthetic_url, tmp_path / "results", 5, expected_request_usd=0.001)
     finally:
         httpx.post(f"{synthetic_url}/emulator/credit", json={"limit": None}).raise_for_status()
-    assert summary.ended_because == "credit_exhausted" and "limit_remaining" in summary.message
+    assert summary.ended_because == "key_limit" and "limit_remaining" in summary.message
     assert summary.done == 0 and stats(synthetic_url)["requests_received"] == before
 
 
@@ -172,3 +172,21 @@ def test_progress_redraws_on_a_terminal_and_prints_plain_lines_in_a_log() -> Non
         line.close("end")
     assert terminal.getvalue() == "\r\x1b[2Ka\r\x1b[2Kb\r\x1b[2Kend\n"
     assert log.getvalue() == "a\nend\n"
+
+
+def test_a_balance_sized_in_flight_budget_is_waited_out_at_high_concurrency(tmp_path: Path) -> None:
+    """The seeds' first second, scaled down: 200 workers whose worst case (4,096 tokens at up to $2.8/M,
+    about $0.0115 each) would reserve ~$2.3, against an in-flight budget of $0.04 (a handful of requests).
+    OpenRouter answers 402 openrouter_in_flight_budget with Retry-After; the set must still finish, with
+    the concurrency lowered, every prompt answered once and the ledger equal to what was charged."""
+    args = ["--model-id", MODEL, "--seed", "5", "--tokens-per-s", "400", "--latency-s", "0.05",
+            "--mean-tokens", "40", "--in-flight-budget", "0.04"]
+    with running_emulator(None, extra_args=args, log_path=tmp_path / "emulator.log") as url:
+        summary = generate(url, tmp_path / "results", 150, concurrency=200, max_tokens=4096,
+                           expected_request_usd=0.0115, backoff_base_s=0.2)
+        charged = stats(url)
+    assert summary.ended_because == "all_done" and summary.done == 150
+    assert summary.errors_by_class["http_402_openrouter_in_flight_budget"] > 0
+    assert summary.concurrency_lowest < 200 and summary.concurrency_cuts > 0
+    assert charged["requests_billed"] == 150 and charged["reserved_usd"] == pytest.approx(0.0, abs=1e-9)
+    assert read_ledger(tmp_path / "results" / ".ledger").usd == pytest.approx(charged["usd_charged"])

@@ -55,6 +55,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--credit-limit", type=float, metavar="USD", help="answer 402 once this much is charged"
     )
+    parser.add_argument(
+        "--key-limit",
+        type=float,
+        metavar="USD",
+        help="the key's own limit: answer 403 openrouter_key_limit once this much is charged",
+    )
+    parser.add_argument(
+        "--in-flight-budget",
+        type=float,
+        metavar="USD",
+        help="answer 402 openrouter_in_flight_budget (Retry-After 1) while the worst-case cost of the "
+        "requests in flight (prompt + max_tokens at the endpoint's price) would pass this",
+    )
     parser.add_argument("--model-id", default="local/smollm2-135m-instruct", help="the id clients ask for")
     parser.add_argument(
         "--require-key-file",
@@ -237,6 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_id=args.model_id,
         context_length=context_length,
         credit_limit=args.credit_limit,
+        key_limit=args.key_limit,
+        in_flight_budget=args.in_flight_budget,
         api_key=api_key,
         faults=faults,
         tokens_per_event=args.tokens_per_event,

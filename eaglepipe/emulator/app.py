@@ -61,6 +61,12 @@ class Ledger:
 
     credit_limit: float | None = None
     generation_delay_s: float = 0.0
+    # OpenRouter's in-flight spending budget: the reserved worst case (prompt + max_tokens at the endpoint's
+    # price) of the requests running now may not pass it.
+    in_flight_budget: float | None = None
+    # The key's own limit: spent, it answers 403 openrouter_key_limit (the account's credit answers 402).
+    key_limit: float | None = None
+    reserved_usd: float = 0.0
     requests_received: int = 0
     requests_billed: int = 0
     responses_completed: int = 0
@@ -81,6 +87,46 @@ class Ledger:
                 "limit; raise the key's limit to continue",
                 "payment_required",
             )
+
+    def check_key_limit(self) -> None:
+        if self.key_limit is not None and self.usd_charged >= self.key_limit:
+            raise ApiError(
+                403,
+                "Key limit exceeded",
+                "forbidden",
+                limit_source="openrouter_key_limit",
+                limit_usd=self.key_limit,
+                spend_usd=round(self.usd_charged, 6),
+                resets_at=None,
+            )
+
+    def reserve(self, usd: float, max_tokens: int) -> float:
+        """Hold `usd` against the in-flight budget while the request runs; 402 when it does not fit."""
+        budget = self.in_flight_budget
+        if budget is not None and usd > budget:
+            affordable = int(max_tokens * budget / usd)
+            raise ApiError(
+                402,
+                "This request requires more credits, or fewer max_tokens. You requested up to "
+                f"{max_tokens} tokens, but can only afford {affordable}.",
+                "payment_required",
+                limit_source="openrouter_credits",
+                reason="weight_exceeds_budget",
+            )
+        if budget is not None and self.reserved_usd + usd > budget:
+            raise ApiError(
+                402,
+                f"In-flight budget reached: ${self.reserved_usd:.4f} of ${budget:g} is reserved by requests "
+                "in flight; retry after the time given",
+                "payment_required",
+                retry_after_s=1.0,
+                limit_source="openrouter_in_flight_budget",
+            )
+        self.reserved_usd += usd
+        return usd
+
+    def release(self, usd: float) -> None:
+        self.reserved_usd = max(0.0, self.reserved_usd - usd)
 
     def record(self, completion: Completion) -> None:
         if completion.billed:
@@ -180,6 +226,8 @@ class Emulator:
         model_id: str,
         context_length: int,
         credit_limit: float | None = None,
+        key_limit: float | None = None,
+        in_flight_budget: float | None = None,
         api_key: str | None = None,
         faults: FaultPlan | None = None,
         tokens_per_event: int = 1,
@@ -193,7 +241,12 @@ class Emulator:
         self.api_key = api_key
         self.faults = faults or FaultPlan()
         self.tokens_per_event = tokens_per_event
-        self.ledger = Ledger(credit_limit=credit_limit, generation_delay_s=generation_delay_s)
+        self.ledger = Ledger(
+            credit_limit=credit_limit,
+            key_limit=key_limit,
+            in_flight_budget=in_flight_budget,
+            generation_delay_s=generation_delay_s,
+        )
         self.started_at = int(time.time())
         self.started = time.monotonic()
         self._running_out: set[asyncio.Task[None]] = set()
@@ -273,7 +326,8 @@ class Emulator:
             self._authorize(request)
         except ApiError as exc:
             return _error(exc)
-        used, limit = self.ledger.usd_charged, self.ledger.credit_limit
+        used = self.ledger.usd_charged
+        limit = self.ledger.key_limit if self.ledger.key_limit is not None else self.ledger.credit_limit
         return JSONResponse(
             {
                 "data": {
@@ -327,6 +381,9 @@ class Emulator:
                 "in_flight": ledger.in_flight,
                 "usd_charged": ledger.usd_charged,
                 "credit_limit": ledger.credit_limit,
+                "key_limit": ledger.key_limit,
+                "in_flight_budget": ledger.in_flight_budget,
+                "reserved_usd": ledger.reserved_usd,
                 "prompt_tokens": ledger.prompt_tokens,
                 "completion_tokens": ledger.completion_tokens,
                 "errors": {str(status): n for status, n in sorted(ledger.errors.items())},
@@ -338,22 +395,40 @@ class Emulator:
         )
 
     async def credit(self, request: Request) -> Response:
-        """`{"limit": USD}` or `{"limit": null}`: the credit limit from now on (402 once it is spent)."""
+        """Change limits live, each `USD` or null for none: `{"limit"}` the credit (402 once spent),
+        `{"key_limit"}` the key's own limit (403), `{"in_flight_budget"}` the in-flight budget (402,
+        retry)."""
         try:
             body = await request.json()
         except ValueError:
             body = None
-        if not (isinstance(body, dict) and set(body) == {"limit"} and _is_usd_limit(body["limit"])):
+        limits = ("limit", "key_limit", "in_flight_budget")
+        if not (
+            isinstance(body, dict)
+            and body
+            and set(body) <= set(limits)
+            and all(_is_usd_limit(value) for value in body.values())
+        ):
             return _error(
                 ApiError(
                     400,
-                    'send {"limit": USD} with a non-negative number, or {"limit": null} for no limit',
+                    'send {"limit": USD} (or "key_limit", "in_flight_budget") with a non-negative number, '
+                    "or null for no limit",
                     "invalid_request",
                 )
             )
-        limit = body["limit"]
-        self.ledger.credit_limit = None if limit is None else float(limit)
-        return JSONResponse({"limit": self.ledger.credit_limit, "usage": self.ledger.usd_charged})
+        ledger = self.ledger
+        for name, value in body.items():
+            field_name = "credit_limit" if name == "limit" else name
+            setattr(ledger, field_name, None if value is None else float(value))
+        return JSONResponse(
+            {
+                "limit": ledger.credit_limit,
+                "key_limit": ledger.key_limit,
+                "in_flight_budget": ledger.in_flight_budget,
+                "usage": ledger.usd_charged,
+            }
+        )
 
     # --- completions -----------------------------------------------------------------------------
 
@@ -371,6 +446,7 @@ class Emulator:
                 "invalid_request",
             )
         self.ledger.check_credit()
+        self.ledger.check_key_limit()
         try:
             prompt_ids = self.text.prompt_ids(chat.messages, chat.tools)
         except Exception as exc:  # a template error on odd messages is the client's to fix
@@ -443,6 +519,26 @@ class Emulator:
         fault, endpoint = self._fault_for(chat, endpoint)
         if fault.kind in ("status", "burst"):
             raise fault.api_error()
+        worst_case = (
+            len(generation.prompt_ids) * endpoint.price("prompt")
+            + generation.max_tokens * endpoint.price("completion")
+        )
+        reserved = self.ledger.reserve(worst_case, generation.max_tokens)
+        try:
+            response = await self._answer(chat, endpoint, generation, fault)
+        except BaseException:
+            self.ledger.release(reserved)
+            raise
+        if isinstance(response, _EventStream):  # the reservation lasts until the stream closes
+            close = response.on_close
+            response.on_close = lambda: (close(), self.ledger.release(reserved))
+        else:
+            self.ledger.release(reserved)
+        return response
+
+    async def _answer(
+        self, chat: ChatRequest, endpoint: Endpoint, generation: GenerationRequest, fault: FaultRule
+    ) -> Response:
         completion = Completion(
             model_id=self.model_id,
             endpoint=endpoint,

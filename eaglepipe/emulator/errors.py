@@ -24,16 +24,19 @@ class ApiError(Exception):
         error_type: str,
         *,
         retry_after_s: float | None = None,
+        code: int | str | None = None,
         **metadata: Any,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.retry_after_s = retry_after_s
+        # OpenRouter's `code` is usually the status, but may be a string (a name, or the status as text).
+        self.code = status if code is None else code
         self.metadata = {"error_type": error_type, **metadata}
 
     def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.status, "message": self.message, "metadata": self.metadata}
+        error: dict[str, Any] = {"code": self.code, "message": self.message, "metadata": self.metadata}
         if self.retry_after_s is not None:
             error["metadata"] = {**self.metadata, "retry_after": self.retry_after_s}
             error["availability"] = {"retry_after": self.retry_after_s, "retryable": True}

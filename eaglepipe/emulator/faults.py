@@ -19,10 +19,17 @@ import yaml
 
 from eaglepipe.emulator.errors import ApiError, EmulatorError
 
+# What a `status` or `burst` rule may say besides its status, as OpenRouter does: `code` goes to
+# `metadata.reason` (e.g. capacity_exhausted), `body_code` replaces the numeric `code` (OpenRouter sometimes
+# sends a string), `limit_source` marks budget limits (402 openrouter_in_flight_budget, 403
+# openrouter_key_limit, ...), `provider_name` and `raw` make a provider's own error ("Provider returned
+# error").
+_ERROR_DETAILS = ("retry_after_s", "code", "body_code", "limit_source", "provider_name", "raw")
+
 # kind: (required keys, optional keys), beside `fault` itself
 KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "status": (frozenset({"status", "probability"}), frozenset({"retry_after_s", "code"})),
-    "burst": (frozenset({"status", "every_s", "duration_s"}), frozenset({"retry_after_s", "code"})),
+    "status": (frozenset({"status", "probability"}), frozenset(_ERROR_DETAILS)),
+    "burst": (frozenset({"status", "every_s", "duration_s"}), frozenset(_ERROR_DETAILS)),
     "error_in_200": (frozenset({"probability"}), frozenset()),
     "midstream_error": (frozenset({"probability"}), frozenset({"after_tokens"})),
     "empty_choices": (frozenset({"probability"}), frozenset()),
@@ -35,6 +42,9 @@ KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 _STATUS_TEXT = {
     408: ("timeout", "Request timed out"),
     429: ("rate_limit", "Rate limit exceeded: the provider is at capacity"),
+    400: ("invalid_request", "Bad request"),
+    402: ("payment_required", "Insufficient credits"),
+    403: ("forbidden", "Your request was flagged by moderation"),
     500: ("server", "Internal server error"),
     502: ("upstream", "Provider returned an invalid response"),
     503: ("unavailable", "No provider is available for this request right now"),
@@ -52,6 +62,10 @@ class FaultRule:
     status: int = 0
     retry_after_s: float | None = None
     code: str | None = None
+    body_code: str | None = None
+    limit_source: str | None = None
+    provider_name: str | None = None
+    raw: str | None = None
     every_s: float = 0.0
     duration_s: float = 0.0
     seconds: float = 0.0
@@ -63,17 +77,39 @@ class FaultRule:
     def api_error(self) -> ApiError:
         """The HTTP error of a `status` or `burst` rule, in OpenRouter's body."""
         error_type, text = _STATUS_TEXT.get(self.status, ("server", f"Upstream error {self.status}"))
-        extra = {} if self.code is None else {"reason": self.code}
+        extra: dict[str, Any] = {} if self.code is None else {"reason": self.code}
+        if self.limit_source:
+            text = _LIMIT_TEXT.get(self.limit_source, f"Limit reached ({self.limit_source})")
+            extra |= {"limit_source": self.limit_source, "limit_usd": 10.0, "spend_usd": 10.0}
+        if self.provider_name:
+            text = "Provider returned error"
+            extra |= {"provider_name": self.provider_name, "raw": self.raw}
         return ApiError(
             self.status,
             f"{text} (emulator fault injection)",
             error_type,
             retry_after_s=self.retry_after_s,
+            code=self.body_code,
             **extra,
         )
 
 
 NO_FAULT = FaultRule("none")
+
+_LIMIT_TEXT = {
+    "openrouter_in_flight_budget": "The estimated cost of your requests in flight fills your budget",
+    "openrouter_key_limit": "Key limit exceeded",
+    "openrouter_workspace_budget": "Workspace budget exceeded",
+    "openrouter_guardrail_budget": "Guardrail budget exceeded",
+    "openrouter_credits": "Insufficient credits",
+}
+_EXAMPLES = {
+    "code": "capacity_exhausted",
+    "body_code": "'402'",
+    "limit_source": "openrouter_key_limit",
+    "provider_name": "Chutes",
+    "raw": "an upstream error text",
+}
 
 
 class FaultPlan:
@@ -112,10 +148,10 @@ _LIMITS: dict[str, tuple[float, float | None, bool]] = {
 
 
 def _value(key: str, value: Any, where: str) -> Any:
-    if key == "code":
+    if key in ("code", "body_code", "limit_source", "provider_name", "raw"):
         if isinstance(value, str) and value:
             return value
-        raise EmulatorError(f"{where}: code must be a non-empty string such as capacity_exhausted")
+        raise EmulatorError(f"{where}: {key} must be a non-empty string such as {_EXAMPLES[key]}")
     low, high, integer = _LIMITS[key]
     if (
         isinstance(value, bool)

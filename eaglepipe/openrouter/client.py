@@ -4,8 +4,10 @@ A fixed pool of `concurrency` workers reads prompts from a bounded stream; the f
 only when the live concurrency has room, the run is not stopping and the budgets allow it (see
 `budget.py`). Once a second a housekeeping tick re-reads the run-wide ledger, beats this job's heartbeat,
 splits the run's concurrency among the jobs running now, adapts it to 429s and redraws the progress line.
-Failures are sorted by what helps: transient ones are retried, permanent ones recorded, and 401/402/404
-stop new requests while those in flight finish, so everything paid for is kept and a rerun resumes.
+Failures are sorted by what helps (`verdict.py`, by status and OpenRouter's error metadata): transient
+ones are retried, in-flight-budget 402s and 429s also lower the live concurrency, permanent ones are
+recorded, and credit, key and budget limits stop new requests while those in flight finish, so everything
+paid for is kept and a rerun resumes.
 """
 
 from __future__ import annotations
@@ -38,21 +40,19 @@ from eaglepipe.openrouter.progress import ProgressLine, ProviderStats, format_et
 from eaglepipe.openrouter.recovery import check_key, recover_generations
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
+from eaglepipe.openrouter.verdict import Verdict, verdict
 
 log = logging.getLogger(__name__)
 
-# What each run-stopping status means for the user, as (ended_because, what to do).
-STOPPING_STATUSES = {
-    401: ("unauthorized", "check the API key file"),
-    402: ("credit_exhausted", "add credits or raise the key's limit"),
-    404: ("no_endpoint", "check model and base_url, or relax `routing` and refresh providers.json"),
-}
 # Connections per httpx client (see _http_pools); measured in bench/generation_client.py.
 POOL_CONNECTIONS = 50
 TICK_S = 1.0
 LOG_PROGRESS_EVERY_S = 30.0
 KEY_CHECK_EVERY_S = 60.0
 OPEN_FILES_BESIDES_SOCKETS = 256
+# Throttling answers (429, in-flight-budget 402) say "not now", not "this prompt fails": they do not use up
+# `max_attempts`, only this much larger allowance (with Retry-After waits, minutes of trying).
+MAX_THROTTLED_RETRIES = 200
 
 
 @dataclass(frozen=True)
@@ -266,9 +266,9 @@ class _Run:
     def provider(self, name: str | None) -> ProviderStats:
         return self.provider_stats.setdefault(name or "(unnamed)", ProviderStats())
 
-    def count_error(self, failure: RequestFailed) -> None:
+    def count_error(self, failure: RequestFailed, judged: Verdict) -> None:
         self.errors[failure.error_class] += 1
-        self.limit.record(rate_limited=failure.status == 429)
+        self.limit.record(rate_limited=judged.action == "throttle")
         if failure.provider:
             self.provider(failure.provider).errors += 1
 
@@ -512,7 +512,8 @@ async def _recover(run: _Run, *, at_end: bool) -> None:
 
 
 async def _check_key(run: _Run) -> None:
-    """A key whose own limit is spent is out of credit, like a 402, even before any request says so."""
+    """A key whose own limit is spent stops the run, as OpenRouter's 403 openrouter_key_limit would, even
+    before any request says so."""
     assert run.http is not None
     key = await check_key(run.http)
     if key is None:
@@ -521,9 +522,9 @@ async def _check_key(run: _Run) -> None:
         run.summary.key_usage_start = key.usage
     if key.limit_remaining is not None and key.limit_remaining < run.forecast.mean_usd:
         run.stop(
-            "credit_exhausted",
+            "key_limit",
             f"the key's limit_remaining is ${key.limit_remaining:.4f}, less than one request: "
-            "raise the key's limit or add credits, then rerun",
+            "raise the key's limit (or wait until it resets), then rerun",
         )
 
 
@@ -572,7 +573,9 @@ async def _complete_prompt(
     async def started(generation_id: str) -> None:
         await ledger.started(prompt["id"], generation_id)
 
-    for attempt in range(1, settings.max_attempts + 1):
+    attempt = failed_attempts = throttled = 0
+    while True:
+        attempt += 1
         began = time.monotonic()
         try:
             with anyio.fail_after(settings.request_timeout_s):
@@ -610,15 +613,19 @@ async def _complete_prompt(
             run.count_done(record, resumed=False)
             return
         await _close_failed(ledger, prompt["id"], failure)
-        run.count_error(failure)
-        if failure.status in STOPPING_STATUSES:
-            reason, advice = STOPPING_STATUSES[failure.status]
-            run.stop(reason, f"{failure} (prompt {prompt['id']}): {advice}")
+        judged = verdict(failure)
+        run.count_error(failure, judged)
+        if judged.action == "stop":
+            run.stop(judged.ended_because, f"{failure} (prompt {prompt['id']}): {judged.advice}")
             return
-        if not failure.transient:
+        if judged.action == "throttle":
+            throttled += 1
+        else:
+            failed_attempts += 1
+        if judged.action == "fail" and failed_attempts >= (judged.attempts or 1):
             run.count_failure(prompt["id"], failure, attempt, permanent=True)
             return
-        if attempt == settings.max_attempts:
+        if failed_attempts >= settings.max_attempts or throttled >= MAX_THROTTLED_RETRIES:
             run.count_failure(prompt["id"], failure, attempt, permanent=False)
             return
         run.summary.retries += 1

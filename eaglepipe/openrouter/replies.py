@@ -17,14 +17,14 @@ import httpx
 
 from eaglepipe.openrouter.errors import error_detail, one_line
 
-RETRYABLE_STATUSES = {408, 429}
-
 
 class RequestFailed(Exception):
     """One attempt failed; `status` None means no HTTP answer (connection, timeout, broken body).
 
     `error_class` groups failures for the progress line and the summary; `cost`, `generation_id` and
-    `provider` are kept when the failed answer reported them, so the ledger can charge it.
+    `provider` are kept when the failed answer reported them, so the ledger can charge it. `code`,
+    `limit_source` and `provider_name` come from OpenRouter's `error` object: what the failure means for
+    the run depends on them as much as on the status (`verdict.py`).
     """
 
     def __init__(
@@ -37,19 +37,30 @@ class RequestFailed(Exception):
         cost: float | None = None,
         generation_id: str | None = None,
         provider: str | None = None,
+        code: str | int | None = None,
+        limit_source: str | None = None,
+        provider_name: str | None = None,
     ) -> None:
         super().__init__(f"HTTP {status}: {detail}" if status is not None else detail)
         self.status = status
         self.detail = detail
         self.retry_after_s = retry_after_s
-        self.error_class = error_class or (f"http_{status}" if status is not None else "network")
+        self.error_class = error_class or _error_class(status, limit_source, provider_name)
         self.cost = cost
         self.generation_id = generation_id
         self.provider = provider
+        self.code = code
+        self.limit_source = limit_source
+        self.provider_name = provider_name
 
-    @property
-    def transient(self) -> bool:
-        return self.status is None or self.status in RETRYABLE_STATUSES or self.status >= 500
+
+def _error_class(status: int | None, limit_source: str | None, provider_name: str | None) -> str:
+    """`http_402_openrouter_in_flight_budget`, `http_400_provider`: the summary tells the kinds apart."""
+    if status is None:
+        return "network"
+    if limit_source:
+        return f"http_{status}_{limit_source}"
+    return f"http_{status}_provider" if provider_name and status == 400 else f"http_{status}"
 
 
 async def read_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
@@ -139,10 +150,19 @@ class _FailureContext:
         """An error inside an HTTP 200 keeps its own code, so a 402 mid-stream still stops the run."""
         if not isinstance(error, dict):
             return self.failed(f"error inside an HTTP 200: {one_line(str(error))}", "error_in_200")
-        code = error.get("code")
-        status = code if isinstance(code, int) and not isinstance(code, bool) else None
+        code, status, metadata = _error_fields(error)
         message = one_line(str(error.get("message") or error))
-        return self.failed(f"error inside an HTTP 200: {message}", "error_in_200", status)
+        return RequestFailed(
+            status,
+            f"error inside an HTTP 200: {message}{_limit_note(metadata)}",
+            error_class="error_in_200",
+            cost=self.cost,
+            generation_id=self.generation_id,
+            provider=self.provider,
+            code=code,
+            limit_source=_text(metadata.get("limit_source")),
+            provider_name=_text(metadata.get("provider_name")),
+        )
 
 
 class _StreamedAnswer:
@@ -232,7 +252,52 @@ def _record_fields(
 
 
 def _http_failure(response: httpx.Response) -> RequestFailed:
-    return RequestFailed(response.status_code, error_detail(response), _retry_after_s(response))
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        error = None
+    code, _status, metadata = _error_fields(error if isinstance(error, dict) else {})
+    return RequestFailed(
+        response.status_code,
+        error_detail(response) + _limit_note(metadata) + _provider_note(metadata),
+        _retry_after_s(response),
+        code=code,
+        limit_source=_text(metadata.get("limit_source")),
+        provider_name=_text(metadata.get("provider_name")),
+    )
+
+
+def _error_fields(error: dict[str, Any]) -> tuple[str | int | None, int | None, dict[str, Any]]:
+    """(code as sent, the HTTP status it names if any, metadata). `code` may be a number, a numeric
+    string ("402") or a name ("weight_exceeds_budget")."""
+    code = error.get("code")
+    if isinstance(code, bool):
+        code = None
+    status = code if isinstance(code, int) else None
+    if isinstance(code, str) and code.isdigit():
+        status = int(code)
+    metadata = error.get("metadata")
+    return code, status, metadata if isinstance(metadata, dict) else {}
+
+
+def _limit_note(metadata: dict[str, Any]) -> str:
+    """A budget limit's figures, so the stop line says which limit and how far it is from reset."""
+    parts = [f"{key} {metadata[key]}" for key in ("limit_usd", "spend_usd", "resets_at") if metadata.get(key)]
+    if not (metadata.get("limit_source") and parts):
+        return ""
+    return f" ({metadata['limit_source']}: {', '.join(parts)})"
+
+
+def _provider_note(metadata: dict[str, Any]) -> str:
+    """A provider's own error text (`metadata.raw`), which says more than OpenRouter's wrapper line."""
+    name, raw = _text(metadata.get("provider_name")), metadata.get("raw")
+    if not name:
+        return ""
+    return f" [{name}: {one_line(str(raw))[:200]}]" if raw else f" [{name}]"
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _retry_after_s(response: httpx.Response) -> float | None:
