@@ -76,7 +76,8 @@ def test_synthetic_mode_starts_fast_and_never_imports_torch(tmp_path: Path, monk
 
 def test_answer_lengths_are_heavy_tailed_and_capped_by_max_tokens(http: httpx.Client) -> None:
     async def answers() -> list[dict]:
-        async with httpx.AsyncClient(base_url=str(http.base_url)) as client:
+        # 300 at once through 100 connections: a busy machine may take longer than httpx's 5 s pool wait.
+        async with httpx.AsyncClient(base_url=str(http.base_url), timeout=120) as client:
             bodies = [
                 chat(f"Question number {i}?", max_tokens=150, seed=i, return_token_ids=True)
                 for i in range(300)

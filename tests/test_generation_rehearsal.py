@@ -214,7 +214,7 @@ def test_credit_runs_out_mid_set_then_a_topped_up_rerun_finishes(tmp_path: Path)
         )
         stopped = run.snakemake()
         assert stopped.returncode != 0
-        log = (run.workdir / "logs" / "generate" / "credit.log").read_text().strip().splitlines()
+        log = (run.workdir / "results" / "logs" / "generate" / "credit.log").read_text().strip().splitlines()
         assert "ended by credit_exhausted" in log[-1] and "rerun to resume" in log[-1]
         assert f"/{prompts} prompts done" in log[-1]
         kept = len(run.journal("credit"))
@@ -355,7 +355,6 @@ def test_two_sets_at_once_share_one_dollar_budget(tmp_path: Path) -> None:
         spent = run.stats()["usd_charged"]
         assert 0.99 * usd <= spent <= usd + 0.5
         assert run.ledger_usd() == pytest.approx(spent, rel=1e-9, abs=1e-12)
-        logs = "".join(
-            (run.workdir / "logs" / "generate" / f"{n}.log").read_text() for n in ("left", "right")
-        )
+        log_dir = run.workdir / "results" / "logs" / "generate"
+        logs = "".join((log_dir / f"{n}.log").read_text() for n in ("left", "right"))
         assert "raise budget.usd" in logs
