@@ -194,7 +194,16 @@ def test_sigkill_mid_run_then_rerun_buys_each_prompt_once(tmp_path: Path) -> Non
         assert run.ledger_usd() <= final["usd_charged"] + 1e-9
 
 
-def test_credit_runs_out_mid_set_then_a_topped_up_rerun_finishes(tmp_path: Path) -> None:
+# How a limit is set on the emulator, how OpenRouter answers once it is spent, and how it is lifted.
+LIMITS = {
+    "credit": ("--credit-limit", "credit_exhausted", {"limit": None}),  # 402: the balance is spent
+    "key": ("--key-limit", "key_limit", {"key_limit": None}),  # 403 openrouter_key_limit
+}
+
+
+@pytest.mark.parametrize("limit", sorted(LIMITS))
+def test_a_limit_reached_mid_set_stops_it_resumable_and_a_rerun_finishes(tmp_path: Path, limit: str) -> None:
+    flag, ended_because, lifted = LIMITS[limit]
     prompts = 400
     with rig(
         tmp_path,
@@ -204,7 +213,7 @@ def test_credit_runs_out_mid_set_then_a_topped_up_rerun_finishes(tmp_path: Path)
         "0.05",
         "--mean-tokens",
         "200",
-        "--credit-limit",
+        flag,
         "0.05",
     ) as run:
         run.configure(
@@ -215,14 +224,16 @@ def test_credit_runs_out_mid_set_then_a_topped_up_rerun_finishes(tmp_path: Path)
         stopped = run.snakemake()
         assert stopped.returncode != 0
         log = (run.workdir / "results" / "logs" / "generate" / "credit.log").read_text().strip().splitlines()
-        assert "ended by credit_exhausted" in log[-1] and "rerun to resume" in log[-1]
+        assert f"ended by {ended_because}" in log[-1] and "rerun to resume" in log[-1]
+        summary = run.summary("credit")
+        assert summary["ended_because"] == ended_because and summary["failed_permanent"] == 0
         assert f"/{prompts} prompts done" in log[-1]
         kept = len(run.journal("credit"))
         assert 0 < kept < prompts
         charged = run.stats()["usd_charged"]
         assert run.ledger_usd() == pytest.approx(charged, rel=1e-9, abs=1e-12)
 
-        httpx.post(f"{run.url}/emulator/credit", json={"limit": None}).raise_for_status()
+        httpx.post(f"{run.url}/emulator/credit", json=lifted).raise_for_status()
         finished = run.snakemake()
         assert finished.returncode == 0, finished.stderr[-3000:]
         ids = [record["prompt_id"] for record in run.responses("credit")]
