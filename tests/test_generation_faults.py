@@ -81,6 +81,42 @@ SCRIPTS: dict[str, list[Response]] = {
     "provider-400-passes": [openrouter_error(400, "Provider returned error", **PROVIDER_400), ok()],
     "provider-400-stays": [openrouter_error(400, "Provider returned error", **PROVIDER_400)] * 3,
     "string-code-in-200": [JSONResponse({"error": {"code": "502", "message": "upstream"}}), ok()],
+    "parallel-calls-at-index-0": [
+        sse(
+            chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                   "function": {"name": "f", "arguments": '{"x": '}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+            chunk(
+                {"tool_calls": [{"index": 0, "id": "call_b", "type": "function",
+                                 "function": {"name": "g", "arguments": '{"y": 2}'}}]},
+                finish="tool_calls",
+            ),
+            {"id": "gen-s", "choices": [], "usage": USAGE},
+        )
+    ],
+    "streamed-reasoning-details": [
+        sse(
+            chunk({"reasoning_details": [{"type": "reasoning.text", "text": "Let ", "index": 0}]}),
+            chunk({"reasoning_details": [{"type": "reasoning.text", "text": "me think.", "index": 0}]}),
+            chunk({"content": "Done."}, finish="stop"),
+            {"id": "gen-s", "choices": [], "usage": USAGE},
+        )
+    ],
+    "reasoning-details-only": [
+        JSONResponse({"id": "gen-r", "provider": "Fake", "usage": USAGE, "choices": [{
+            "index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "42", "reasoning_details": [
+                {"type": "reasoning.summary", "summary": "Added the numbers."},
+                {"type": "reasoning.encrypted", "data": "b64=="},
+            ]},
+        }]})
+    ],
+    "reasoning-content": [
+        JSONResponse({"id": "gen-r", "provider": "Fake", "usage": USAGE, "choices": [{
+            "index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "42", "reasoning_content": "Six times seven."},
+        }]})
+    ],
     "rate-limited": [error(429, {"Retry-After": "0.3"}), ok()],
     "errors-inside-200": [
         JSONResponse(
@@ -287,3 +323,27 @@ def test_provider_400s_get_a_few_tries_then_fail_with_the_providers_message(
     assert "[Chutes: upstream worker restarted]" in failure["error"]
     assert summary.errors_by_class["http_400_provider"] == 4
     assert len(scripted.attempt_times["string-code-in-200"]) == 2  # "502" as a string is still a 502
+
+
+def test_parallel_tool_calls_sent_at_one_index_stay_apart_by_id(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    run(scripted, ["parallel-calls-at-index-0"], tmp_path, stream=True)
+    calls = load_done(tmp_path, "f")["parallel-calls-at-index-0"]["response"]["tool_calls"]
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("call_a", "f", '{"x": 1}'),
+        ("call_b", "g", '{"y": 2}'),
+    ]
+
+
+def test_reasoning_is_read_from_every_field_providers_use(scripted: ScriptedServer, tmp_path: Path) -> None:
+    run(scripted, ["streamed-reasoning-details"], tmp_path / "s", stream=True)
+    run(scripted, ["reasoning-details-only", "reasoning-content"], tmp_path / "p")
+    streamed = load_done(tmp_path / "s", "f")["streamed-reasoning-details"]["response"]
+    assert streamed["reasoning"] == "Let me think." and streamed["content"] == "Done."
+    assert streamed["reasoning_details"] == [{"type": "reasoning.text", "text": "Let me think.", "index": 0}]
+    plain = load_done(tmp_path / "p", "f")
+    summary_only = plain["reasoning-details-only"]["response"]
+    assert summary_only["reasoning"] == "Added the numbers." and summary_only["reasoning_encrypted"] is True
+    assert summary_only["reasoning_details"][1] == {"type": "reasoning.encrypted", "data": "b64=="}
+    assert plain["reasoning-content"]["response"]["reasoning"] == "Six times seven."

@@ -1,8 +1,11 @@
 """Reading one chat completion, plain or streamed, into the fields a journal record keeps.
 
 Both paths give the same shape: `content` is a string ("" when none), `reasoning` a string or None,
-`tool_calls` a list in the OpenAI shape ([] when none). An HTTP 200 that carries an error, has no
-choices or never says why it finished is a failure, never a response.
+`tool_calls` a list in the OpenAI shape ([] when none), and `reasoning_details` as the provider sent them
+when it did. Providers put the reasoning in `reasoning`, in `reasoning_content` (engines' own field) or
+only in `reasoning_details` (`reasoning.text` / `reasoning.summary` items; `reasoning.encrypted` ones are
+kept raw and flagged): all three are read. An HTTP 200 that carries an error, has no choices or never says
+why it finished is a failure, never a response.
 """
 
 from __future__ import annotations
@@ -83,11 +86,13 @@ async def read_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str,
     if choice.get("finish_reason") == "error":
         raise context.error_in_body(choice.get("error") or {})
     message = choice.get("message") or {}
+    details = message.get("reasoning_details") or []
     answer = {
         "content": message.get("content") or "",
-        "reasoning": message.get("reasoning") or None,
+        "reasoning": message.get("reasoning") or message.get("reasoning_content") or _details_text(details),
         "tool_calls": message.get("tool_calls") or [],
         "finish_reason": choice.get("finish_reason"),
+        **_details_fields(details),
     }
     if choice.get("token_ids") is not None:
         answer["token_ids"] = choice["token_ids"]
@@ -171,7 +176,11 @@ class _StreamedAnswer:
     def __init__(self, generation_id: str | None) -> None:
         self.content: list[str] = []
         self.reasoning: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.reasoning_content: list[str] = []
+        self.reasoning_details: list[dict[str, Any]] = []
+        self.tool_calls: list[dict[str, Any]] = []
+        self._call_by_id: dict[str, dict[str, Any]] = {}
+        self._call_at_index: dict[int, dict[str, Any]] = {}
         self.token_ids: list[int] | None = None
         self.finish_reason: str | None = None
         self.provider: str | None = None
@@ -195,6 +204,9 @@ class _StreamedAnswer:
             delta = choice.get("delta") or {}
             self.content.append(delta.get("content") or "")
             self.reasoning.append(delta.get("reasoning") or "")
+            self.reasoning_content.append(delta.get("reasoning_content") or "")
+            for item in delta.get("reasoning_details") or []:
+                self._add_reasoning_detail(item)
             for call in delta.get("tool_calls") or []:
                 self._add_tool_call(call)
             if choice.get("token_ids") is not None:
@@ -202,27 +214,69 @@ class _StreamedAnswer:
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
 
     def _add_tool_call(self, fragment: dict[str, Any]) -> None:
-        """Id, type and name come once; the arguments string arrives in pieces."""
-        call = self.tool_calls.setdefault(
-            fragment.get("index", 0),
-            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
-        )
-        call["id"] = fragment.get("id") or call["id"]
+        """Id, type and name come once; the arguments string arrives in pieces. A fragment with an id
+        belongs to that call: some providers send parallel calls all at index 0, each with its own id.
+        One without an id continues the call last started at its index (OpenAI's shape)."""
+        index, call_id = fragment.get("index", 0), fragment.get("id")
+        call = self._call_by_id.get(call_id) if call_id else self._call_at_index.get(index)
+        if call is None:
+            call = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            self.tool_calls.append(call)
+            if call_id:
+                self._call_by_id[call_id] = call
+        self._call_at_index[index] = call
+        call["id"] = call_id or call["id"]
         call["type"] = fragment.get("type") or call["type"]
         function = fragment.get("function") or {}
         call["function"]["name"] = function.get("name") or call["function"]["name"]
         call["function"]["arguments"] += function.get("arguments") or ""
 
+    def _add_reasoning_detail(self, item: Any) -> None:
+        """Streamed items arrive in pieces: one with the `index` and type of the last continues it."""
+        if not isinstance(item, dict):
+            return
+        last = self.reasoning_details[-1] if self.reasoning_details else None
+        continues = last is not None and "index" in item and last.get("index") == item.get("index")
+        if not (continues and last.get("type") == item.get("type")):
+            self.reasoning_details.append(dict(item))
+            return
+        for key in ("text", "summary", "data"):
+            if isinstance(item.get(key), str):
+                last[key] = (last.get(key) or "") + item[key]
+
     def answer(self) -> dict[str, Any]:
         answer = {
             "content": "".join(self.content),
-            "reasoning": "".join(self.reasoning) or None,
-            "tool_calls": [self.tool_calls[index] for index in sorted(self.tool_calls)],
+            "reasoning": "".join(self.reasoning)
+            or "".join(self.reasoning_content)
+            or _details_text(self.reasoning_details),
+            "tool_calls": self.tool_calls,
             "finish_reason": self.finish_reason,
+            **_details_fields(self.reasoning_details),
         }
         if self.token_ids is not None:
             answer["token_ids"] = self.token_ids
         return answer
+
+
+def _details_text(details: list[Any]) -> str | None:
+    """The readable reasoning of `reasoning_details`: text and summary items, in order."""
+    parts = []
+    for item in details:
+        if isinstance(item, dict) and item.get("type") == "reasoning.text":
+            parts.append(str(item.get("text") or ""))
+        elif isinstance(item, dict) and item.get("type") == "reasoning.summary":
+            parts.append(str(item.get("summary") or ""))
+    return "".join(parts) or None
+
+
+def _details_fields(details: list[Any]) -> dict[str, Any]:
+    """`reasoning_details` as sent, and a flag when part of the reasoning is encrypted (its tokens were
+    billed but cannot be rebuilt)."""
+    if not details:
+        return {}
+    encrypted = any(isinstance(item, dict) and item.get("type") == "reasoning.encrypted" for item in details)
+    return {"reasoning_details": details, **({"reasoning_encrypted": True} if encrypted else {})}
 
 
 def _record_fields(
