@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
 from eaglepipe.openrouter.journal import load_done
+from eaglepipe.openrouter.ledger import read_ledger
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "cost": 0.001, "completion_tokens_details": {}}
 
@@ -111,6 +112,13 @@ SCRIPTS: dict[str, list[Response]] = {
             ]},
         }]})
     ],
+    "no-usage-chunk": [sse(chunk({"content": "answer without a bill"}, finish="stop"))],
+    "cost-null": [
+        sse(
+            chunk({"content": "ok"}, finish="stop", id="gen-null"),
+            {"id": "gen-null", "choices": [], "usage": {**USAGE, "cost": None}},
+        )
+    ],
     "reasoning-content": [
         JSONResponse({"id": "gen-r", "provider": "Fake", "usage": USAGE, "choices": [{
             "index": 0, "finish_reason": "stop",
@@ -177,7 +185,12 @@ SCRIPTS: dict[str, list[Response]] = {
 class ScriptedServer:
     def __init__(self) -> None:
         self.attempt_times: dict[str, list[float]] = defaultdict(list)
-        app = Starlette(routes=[Route("/api/v1/chat/completions", self.complete, methods=["POST"])])
+        # What `/generation` knows: id -> cost (unknown ids answer 404, as OpenRouter does for a while).
+        self.generations: dict[str, float] = {}
+        app = Starlette(routes=[
+            Route("/api/v1/chat/completions", self.complete, methods=["POST"]),
+            Route("/api/v1/generation", self.generation, methods=["GET"]),
+        ])
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -187,6 +200,14 @@ class ScriptedServer:
         script = (await request.json())["messages"][0]["content"]
         self.attempt_times[script].append(time.monotonic())
         return SCRIPTS[script][len(self.attempt_times[script]) - 1]
+
+    async def generation(self, request: Request) -> Response:
+        generation_id = request.query_params.get("id", "")
+        if generation_id not in self.generations:
+            return JSONResponse({"error": {"code": 404, "message": "not found"}}, 404)
+        cost = self.generations[generation_id]
+        return JSONResponse({"data": {"id": generation_id, "total_cost": cost, "tokens_completion": 2,
+                                      "provider_name": "Fake"}})
 
     @property
     def base_url(self) -> str:
@@ -347,3 +368,20 @@ def test_reasoning_is_read_from_every_field_providers_use(scripted: ScriptedServ
     assert summary_only["reasoning"] == "Added the numbers." and summary_only["reasoning_encrypted"] is True
     assert summary_only["reasoning_details"][1] == {"type": "reasoning.encrypted", "data": "b64=="}
     assert plain["reasoning-content"]["response"]["reasoning"] == "Six times seven."
+
+
+def test_an_answer_without_a_cost_is_held_unpriced_until_generation_prices_it(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    """Never booked at $0 without proof: kept in the journal, left unresolved in the ledger (so the budget
+    holds it at its worst case), and priced from `/generation` once it knows it, here at the next start."""
+    summary = run(scripted, ["no-usage-chunk", "cost-null"], tmp_path, stream=True)
+    assert summary.done == 2 and summary.unresolved == 2
+    view = read_ledger(tmp_path)
+    assert view.usd == 0 and view.billed == 0 and sorted(view.unresolved) == ["gen-null", "gen-s"]
+
+    scripted.generations.update({"gen-s": 0.004, "gen-null": 0.002})
+    again = run(scripted, ["no-usage-chunk", "cost-null"], tmp_path, stream=True)
+    assert again.resumed == 2 and again.unresolved == 0 and again.recovered == 2
+    view = read_ledger(tmp_path)
+    assert view.usd == pytest.approx(0.006) and view.by_outcome == {"recovered": 2} and not view.unresolved

@@ -50,6 +50,9 @@ TICK_S = 1.0
 LOG_PROGRESS_EVERY_S = 30.0
 KEY_CHECK_EVERY_S = 60.0
 OPEN_FILES_BESIDES_SOCKETS = 256
+# A request `/generation` still does not know this long after the client's own deadline never was billed:
+# only then is it closed at $0 (`not_found`). Until then it is held at its worst case.
+UNSEEN_GRACE_S = 600.0
 # Throttling answers (429, in-flight-budget 402) say "not now", not "this prompt fails": they do not use up
 # `max_attempts`, only this much larger allowance (with Retry-After waits, minutes of trying).
 MAX_THROTTLED_RETRIES = 200
@@ -217,7 +220,9 @@ class _Run:
         self.stopping = anyio.Event()
         self.stop_reason: str | None = None
         self.in_flight = 0
-        self.stale_unresolved: set[str] = set()
+        # Generation ids of this job's requests in flight: their cost is in the forecast, not in the
+        # ledger's unresolved reserve.
+        self.live_ids: set[str] = set()
         self.forecast = Forecast(settings.max_tokens, settings.expected_request_usd)
         self.tokens_this_run = 0
         self.dollars_this_run = 0.0
@@ -350,10 +355,15 @@ class _Run:
         return None
 
     def reserved_elsewhere(self) -> float:
-        """Dollars other jobs have in flight, plus requests cut off in earlier runs of this set and not yet
-        found in `/generation` (each at the mean cost)."""
-        stale = len(self.stale_unresolved.intersection(self.ledger.view.unresolved)) if self.ledger else 0
-        return self.others.expected_usd_in_flight + stale * self.forecast.mean_usd
+        """Dollars other jobs have in flight, plus this set's requests that may have been billed but are
+        not priced yet (cut off, killed, answered without a cost; unresolved in the ledger and not in
+        flight here), each at its worst case: nothing is counted at $0 without proof."""
+        if self.ledger is None:
+            return self.others.expected_usd_in_flight
+        unresolved = self.ledger.view.unresolved_of(self.dataset)
+        unpriced = sum(record["generation_id"] not in self.live_ids for record in unresolved)
+        worst = self.settings.expected_request_usd or self.forecast.mean_usd
+        return self.others.expected_usd_in_flight + unpriced * worst
 
     # --- end -------------------------------------------------------------------------------------
 
@@ -461,26 +471,18 @@ async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> No
     for record in journaled:
         generation_id = record.get("generation_id")
         if generation_id and generation_id not in view.resolved:
-            usage = record.get("usage") or {}
-            await run.ledger.billed(
-                record["prompt_id"],
-                generation_id,
-                usd=usage.get("cost") or 0.0,
-                outcome="kept",
-                completion_tokens=usage.get("completion_tokens"),
-                provider=record.get("provider"),
-            )
-            view.resolved.add(generation_id)
-    run.stale_unresolved = {record["generation_id"] for record in view.refresh().unresolved_of(run.dataset)}
-    if run.stale_unresolved:
+            await _bill(run.ledger, record["prompt_id"], record, outcome="kept")
+            view.refresh()
+    if view.refresh().unresolved_of(run.dataset):
         await _recover(run, at_end=False)
 
 
 async def _recover(run: _Run, *, at_end: bool) -> None:
-    """Charge requests of this set that were cut off (here, or in flight at a kill) per `/generation`.
-    At the start only what `/generation` knows already; at the end, waiting up to `recovery_wait_s`
-    (OpenRouter answers 404 for a while after a generation ends), this job's own cut-off requests that
-    are still unknown are closed as `not_found`; those of killed runs stay open for the next run."""
+    """Charge requests of this set that were cut off, in flight at a kill or answered without a cost,
+    per `/generation`. At the start only what `/generation` knows already; at the end, waiting up to
+    `recovery_wait_s` (OpenRouter answers 404 for a while after a generation ends, minutes for long
+    answers). One still unknown stays open, held at its worst case, for the next start to settle; it is
+    closed at $0 (`not_found`) only once it is older than the longest answer can take plus a grace."""
     assert run.ledger is not None and run.http is not None
     pending = run.ledger.view.refresh().unresolved_of(run.dataset)
     if not pending:
@@ -489,9 +491,10 @@ async def _recover(run: _Run, *, at_end: bool) -> None:
     found = await recover_generations(
         run.http, [record["generation_id"] for record in pending], wait_s=wait_s
     )
+    oldest_billable = time.time() - run.settings.request_timeout_s - UNSEEN_GRACE_S
     for record in pending:
         generation = found.get(record["generation_id"])
-        if generation is None and (not at_end or record["generation_id"] in run.stale_unresolved):
+        if generation is None and float(record.get("at") or time.time()) > oldest_billable:
             continue
         await run.ledger.billed(
             record["prompt_id"],
@@ -570,7 +573,11 @@ async def _complete_prompt(
         body["tools"] = prompt["tools"]
     allowed = {name.lower() for name in settings.allowed_providers}
 
+    this_attempt: set[str] = set()
+
     async def started(generation_id: str) -> None:
+        this_attempt.add(generation_id)
+        run.live_ids.add(generation_id)
         await ledger.started(prompt["id"], generation_id)
 
     attempt = failed_attempts = throttled = 0
@@ -612,6 +619,9 @@ async def _complete_prompt(
             await _bill(ledger, prompt["id"], reply, outcome="kept")
             run.count_done(record, resumed=False)
             return
+        finally:  # from here on an unpriced request counts in the ledger's reserve, not the forecast
+            run.live_ids.difference_update(this_attempt)
+            this_attempt.clear()
         await _close_failed(ledger, prompt["id"], failure)
         judged = verdict(failure)
         run.count_error(failure, judged)
@@ -636,7 +646,13 @@ async def _complete_prompt(
 
 
 async def _bill(ledger: RunLedger, prompt_id: str, reply: dict[str, Any], *, outcome: str) -> None:
+    """Book an answer at its reported cost. One without a cost (a stream that ended without its usage
+    chunk, `cost: null`) is not booked at $0: it stays unresolved, held at its worst case, until
+    `/generation` prices it."""
     usage = reply.get("usage") or {}
+    if usage.get("cost") is None and reply.get("generation_id"):
+        await ledger.ensure_started(prompt_id, reply["generation_id"])
+        return
     await ledger.billed(
         prompt_id,
         reply.get("generation_id"),

@@ -110,6 +110,13 @@ class RunLedger:
             }
         )
 
+    async def ensure_started(self, prompt_id: str, generation_id: str) -> None:
+        """An answer whose cost is not known yet (no usage chunk, `cost: null`) stays unresolved, to be
+        priced by `/generation`, rather than booked at $0; a plain request has no `started` line yet."""
+        self.view.refresh()
+        if generation_id not in self.view.unresolved and generation_id not in self.view.resolved:
+            await self.started(prompt_id, generation_id)
+
     async def billed(
         self,
         prompt_id: str,
