@@ -42,6 +42,7 @@ rule evaluate_drafter:
         target=TARGET_DIR,
         # What is measured; where it runs (eval.device, eval.dtype) is read from the config by the script.
         settings={k: v for k, v in config["eval"].items() if k not in ("device", "dtype")},
+        datasets=DATASETS,
     log:
         logs("evaluate_drafter.log"),
     threads: 2
