@@ -10,7 +10,11 @@ rule train_drafter:
     output:
         config=results("drafter/config.json"),
         weights=results("drafter/model.safetensors"),
-        report=results("drafter/train.json"),
+        report=report(
+            results("drafter/train.json"),
+            caption="../report/train_json.rst",
+            category=REPORT_CATEGORY["drafter"],
+        ),
     params:
         target=TARGET_DIR,
         # What shapes the drafter; where it trains (device, gpus) is read from the config by the script.
@@ -37,7 +41,11 @@ rule evaluate_drafter:
         token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
         model=embedded_target(),
     output:
-        eval=results("drafter/eval.json"),
+        eval=report(
+            results("drafter/eval.json"),
+            caption="../report/eval_json.rst",
+            category=REPORT_CATEGORY["drafter"],
+        ),
     params:
         target=TARGET_DIR,
         # What is measured; where it runs (eval.device, eval.dtype) is read from the config by the script.
