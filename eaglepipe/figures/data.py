@@ -15,12 +15,20 @@ from eaglepipe.openrouter.ledger import ledger_path
 from eaglepipe.openrouter.plan import DTYPE_BYTES, STORED_LAYERS
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What the figures need of one response: a real run's responses.jsonl holds gigabytes of text."""
+
+    completion_tokens: int
+    finish_reason: str
+
+
 @dataclass
 class SetOutputs:
     """One prompt set's outputs; None where the stage has not written them."""
 
     name: str
-    responses: list[dict[str, Any]] | None = None  # responses.jsonl, one record per answer
+    answers: list[Answer] | None = None  # from responses.jsonl, one per answer
     summary: dict[str, Any] | None = None  # responses.summary.json
     tokens: dict[str, Any] | None = None  # tokens.json
     hidden: dict[str, Any] | None = None  # hidden.done
@@ -38,11 +46,20 @@ def read_json(path: Path | None) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path is not None and path.is_file() else None
 
 
-def read_jsonl(path: Path | None) -> list[dict[str, Any]] | None:
+def read_answers(path: Path | None) -> list[Answer] | None:
+    """Each response's billed completion tokens and finish reason, read one line at a time."""
     if path is None or not path.is_file():
         return None
+    answers = []
     with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                answers.append(Answer(
+                    completion_tokens=(record.get("usage") or {}).get("completion_tokens") or 0,
+                    finish_reason=(record.get("response") or {}).get("finish_reason") or "none",
+                ))
+    return answers
 
 
 def read_billed(ledger_dir: Path) -> list[dict[str, Any]]:
@@ -80,7 +97,7 @@ def load_run(
     sets = [
         SetOutputs(
             name=name,
-            responses=read_jsonl(nth(responses, i)),
+            answers=read_answers(nth(responses, i)),
             summary=read_json(nth(summaries, i)),
             tokens=read_json(nth(token_stats, i)),
             hidden=read_json(nth(manifests, i)),

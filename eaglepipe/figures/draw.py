@@ -58,7 +58,7 @@ def _grid(count: int) -> tuple[Figure, list[Axes]]:
 def answer_lengths(run: RunOutputs, max_tokens: int) -> Figure:
     fig, axes = _grid(len(run.sets))
     for ax, item in zip(axes, run.sets, strict=False):
-        lengths = [(r.get("usage") or {}).get("completion_tokens") or 0 for r in item.responses or []]
+        lengths = [answer.completion_tokens for answer in item.answers or []]
         ax.set_title(item.name, fontsize=10)
         if not lengths:
             _empty(ax, "no answers")
@@ -74,8 +74,7 @@ def answer_lengths(run: RunOutputs, max_tokens: int) -> Figure:
 
 
 def finish_reasons(run: RunOutputs) -> Figure:
-    counts = {item.name: Counter((r.get("response") or {}).get("finish_reason") or "none"
-                                 for r in item.responses or []) for item in run.sets}
+    counts = {item.name: Counter(answer.finish_reason for answer in item.answers or []) for item in run.sets}
     reasons = sorted({reason for counter in counts.values() for reason in counter})
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(run.sets) + 1.8))
     if not reasons:
