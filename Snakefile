@@ -6,6 +6,9 @@
 configfile: "config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 
 
@@ -15,6 +18,7 @@ rule all:
         results("drafter/config.json"),
         results("drafter/model.safetensors"),
         results("drafter/eval.json"),
+        expand(results("figures/{stem}.png"), stem=FIGURES),
     default_target: True
 
 
@@ -24,3 +28,4 @@ include: "rules/generate.smk"  # 1. providers.json, {ds}/responses.jsonl (paid)
 include: "rules/tokens.smk"  # 2. {ds}/tokens.safetensors + tokens.json
 include: "rules/hidden.smk"  # 3. {ds}/hidden.done + shards (GPU)
 include: "rules/drafter.smk"  # 4-5. drafter/{config.json, model.safetensors, eval.json}
+include: "rules/figures.smk"  # 6. figures/*.png for the report; the end-of-run table

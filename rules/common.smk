@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from eaglepipe.config import ConfigError, is_local_api, validate_config
+from eaglepipe.figures import FIGURES
 from eaglepipe.openrouter.fingerprint import config_fingerprint
 
 try:
@@ -36,6 +37,25 @@ def prompt_set(ds="{ds}"):
 
 
 LEDGER_DIR = results(".ledger")
+
+
+# The report's categories: one per stage, numbered in pipeline order (a figure's stem starts with its stage).
+REPORT_CATEGORY = {
+    "run": "0. Run",
+    "generation": "1. Generation",
+    "tokens": "2. Token ids",
+    "hidden": "3. Hidden states",
+    "drafter": "4. Drafter",
+}
+
+
+def figure(stem):
+    """A figure file marked for the report, with its caption report/{stem}.rst and its stage's category."""
+    return report(
+        results(f"figures/{stem}.png"),
+        caption=f"../report/{stem}.rst",
+        category=REPORT_CATEGORY[stem.split("_")[0]],
+    )
 
 
 wildcard_constraints:

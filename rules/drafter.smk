@@ -10,7 +10,11 @@ rule train_drafter:
     output:
         config=results("drafter/config.json"),
         weights=results("drafter/model.safetensors"),
-        report=results("drafter/train.json"),
+        report=report(
+            results("drafter/train.json"),
+            caption="../report/train_json.rst",
+            category=REPORT_CATEGORY["drafter"],
+        ),
     params:
         # The folder SGLang and vLLM load: the declared config.json and model.safetensors are its files.
         drafter_dir=lambda wildcards, output: str(Path(output.config).parent),
@@ -39,12 +43,17 @@ rule evaluate_drafter:
         token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
         model=embedded_target(),
     output:
-        eval=results("drafter/eval.json"),
+        eval=report(
+            results("drafter/eval.json"),
+            caption="../report/eval_json.rst",
+            category=REPORT_CATEGORY["drafter"],
+        ),
     params:
         drafter_dir=lambda wildcards, input: str(Path(input.config).parent),
         target=TARGET_DIR,
         # What is measured; where it runs (eval.device, eval.dtype) is read from the config by the script.
         settings={k: v for k, v in config["eval"].items() if k not in ("device", "dtype")},
+        datasets=DATASETS,
     log:
         logs("evaluate_drafter.log"),
     threads: 2

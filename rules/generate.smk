@@ -6,7 +6,11 @@ rule providers:
     input:
         model=embedded_target() if LOCAL_API else [],
     output:
-        providers=results("providers.json"),
+        providers=report(
+            results("providers.json"),
+            caption="../report/providers_json.rst",
+            category=REPORT_CATEGORY["generation"],
+        ),
     params:
         model=config["api"]["model"],
         base_url=config["api"]["base_url"],

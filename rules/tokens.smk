@@ -8,7 +8,12 @@ rule tokens:
         model=embedded_target(),
     output:
         tokens=results("{ds}/tokens.safetensors"),
-        stats=results("{ds}/tokens.json"),
+        stats=report(
+            results("{ds}/tokens.json"),
+            caption="../report/tokens_json.rst",
+            category=REPORT_CATEGORY["tokens"],
+            labels={"set": "{ds}", "file": "tokens.json"},
+        ),
     params:
         target=TARGET_DIR,
         settings=config["tokens"],

@@ -12,18 +12,22 @@ with snakemake_job(snakemake) as log:
     settings = snakemake.params.settings
     holdout_ids = json.loads(Path(snakemake.input.report).read_text())["holdout_ids"]
     prompts = holdout_prompts(
-        [Path(p) for p in snakemake.input.tokens], [Path(p) for p in snakemake.input.token_stats], holdout_ids
+        snakemake.params.datasets,
+        [Path(p) for p in snakemake.input.tokens],
+        [Path(p) for p in snakemake.input.token_stats],
+        holdout_ids,
     )
     result = evaluate(
         Path(snakemake.params.drafter_dir),
         Path(snakemake.params.target),
-        [ids for _, ids in prompts],
+        [ids for _, _, ids in prompts],
         num_steps=settings["num_steps"],
         topk=settings["topk"],
         num_draft_tokens=settings["num_draft_tokens"],
         max_new_tokens=settings["max_new_tokens"],
         device=snakemake.config["eval"]["device"],
         dtype=snakemake.config["eval"]["dtype"],
+        labels=[{"prompt_id": pid, "set": dataset} for dataset, pid, _ in prompts],
     )
-    write_json(Path(snakemake.output.eval), {**result, "prompt_ids": [pid for pid, _ in prompts]})
+    write_json(Path(snakemake.output.eval), {**result, "prompt_ids": [pid for _, pid, _ in prompts]})
     log.info("acceptance lengths: %s", {m: r["acceptance_length"] for m, r in result["methods"].items()})

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 # What the real config plans on a fresh clone (tests/test_dryrun.py checks the same table there).
 REAL_FRESH_PLAN = {"prompts": 8, "providers": 1, "generate": 8, "tokens": 8, "hidden": 8,
-                   "train_drafter": 1, "evaluate_drafter": 1, "all": 1}
+                   "train_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1}
 
 
 def real_dry_run(workdir, *args):
@@ -142,7 +142,7 @@ def test_editing_one_prompt_file_reruns_only_its_chain(tiny_pipeline):
     try:
         jobs = planned_jobs(snakemake(tiny_pipeline, "-n"))
         assert jobs == {"prompts": 1, "generate": 1, "tokens": 1, "hidden": 1, "train_drafter": 1,
-                        "evaluate_drafter": 1, "all": 1}
+                        "evaluate_drafter": 1, "figures": 1, "all": 1}
     finally:  # the run is shared with other modules: leave it as it was
         source.write_text(original)
         os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))

@@ -214,7 +214,8 @@ def test_configured_prices_stand_in_until_providers_json_exists(tmp_path):
     # B's prompts are not built: its input tokens are unknown, so its dollars are a floor (outputs only).
     unbuilt = by_name(plan)["B"]
     assert unbuilt.usd_at_least and unbuilt.usd == pytest.approx(40 * 500 * 4e-6)
-    assert ">=$0.0800" in format_plan(plan)
+    # A range: at the per-answer estimate, and with every answer at max_tokens; B's inputs are not in it.
+    assert "$0.0800-$0.1600 +input" in format_plan(plan)
     assert "(budget.price_per_m_tokens)" in format_plan(plan)
     write_providers(tmp_path)
     assert plan_of(tmp_path, config).prices.source.endswith("results/providers.json")
@@ -247,7 +248,8 @@ def test_disk_counts_four_layers_of_every_token_still_to_extract(tmp_path):
         ("generate", 1230 * per_token),
         ("done", None),
     ]
-    assert "tokens x 4 layers x hidden 8 x 2 B (bfloat16) = 64 B per token" in format_plan(plan)
+    formula = "tokens x 4 layers x hidden 8 (the target's config.json) x 2 B (hidden.dtype bfloat16) = 64 B"
+    assert formula in format_plan(plan)
 
 
 def test_hidden_size_is_read_flat_or_nested_and_unknown_without_a_config(tmp_path):

@@ -35,7 +35,8 @@ def test_installed_versions_are_the_pinned_ones():
     from importlib.metadata import version
 
     pins = read_pins(REPO / "constraints.txt")
-    for name in ("snakemake", "httpx", "anyio", "transformers", "safetensors", "jsonschema", "pyyaml"):
+    for name in ("snakemake", "httpx", "anyio", "transformers", "safetensors", "jsonschema", "pyyaml",
+                 "matplotlib"):
         assert version(name) == pins[name], f"{name}: installed {version(name)}, pinned {pins[name]}"
     assert version("torch").split("+")[0] == pins["torch"]
 
@@ -43,7 +44,7 @@ def test_installed_versions_are_the_pinned_ones():
 def test_every_rule_names_its_conda_env_and_log():
     rules = "".join(p.read_text() for p in (REPO / "rules").glob("*.smk"))
     count = len(re.findall(r"^\s*rule \w+:", rules, re.M))
-    assert count == 8
+    assert count == 9
     assert len(re.findall(r"^\s*conda:", rules, re.M)) == len(re.findall(r"^\s*log:", rules, re.M)) == count
 
 

@@ -8,6 +8,7 @@ alignment: after the target has verified position t, the drafter consumes (aux[t
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,13 @@ from transformers import DynamicCache
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.export import load_exported
 from eaglepipe.drafter.model import DraftCache, Eagle3Drafter
+from eaglepipe.progress import StepProgress
 from eaglepipe.target.chat import stop_token_id
 from eaglepipe.target.load import load_target
 
 PROMPT_LOOKUP_MAX_NGRAM = 3
+
+log = logging.getLogger(__name__)
 
 
 class Proposer(Protocol):
@@ -77,6 +81,7 @@ class PromptLookupProposer:
 class Generation:
     tokens: list[int]  # generated ids, the stop token included when reached
     target_forwards: int  # verify forwards; the prefill is not counted
+    accepted: list[int]  # drafts accepted in each verify forward
 
     @property
     def verified_tokens(self) -> int:
@@ -98,22 +103,22 @@ def speculative_generate(
     cache = DynamicCache()
     logits, aux = _target_forward(target, prompt_ids, cache, proposer.aux_layer_ids)
     tokens = [*prompt_ids, int(logits[-1].argmax())]
-    forwards = 0
+    accepted_per_round: list[int] = []
     while len(tokens) - len(prompt_ids) < max_new_tokens and tokens[-1] != stop_id:
         drafts = proposer.propose(tokens, aux, num_steps)[:num_steps]
         logits, aux = _target_forward(target, [tokens[-1], *drafts], cache, proposer.aux_layer_ids)
-        forwards += 1
         greedy = logits.argmax(-1).tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == greedy[accepted]:
             accepted += 1
+        accepted_per_round.append(accepted)
         cache.crop(-(len(drafts) - accepted))  # the rejected drafts; crop(-0) keeps everything
         aux = None if aux is None else aux[: accepted + 1]
         for token in [*drafts[:accepted], greedy[accepted]]:
             tokens.append(token)
             if token == stop_id or len(tokens) - len(prompt_ids) == max_new_tokens:
                 break
-    return Generation(tokens[len(prompt_ids) :], forwards)
+    return Generation(tokens[len(prompt_ids) :], len(accepted_per_round), accepted_per_round)
 
 
 def evaluate(
@@ -128,8 +133,11 @@ def evaluate(
     seed: int = 0,
     device: str = "cpu",
     dtype: str = "float32",
+    labels: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """eval.json: acceptance of the exported drafter, an untrained one and prompt lookup on `prompts`."""
+    """eval.json: acceptance of the exported drafter, an untrained one and prompt lookup on `prompts`.
+
+    `labels[i]` (the prompt's id and set) is copied into its per-prompt entries, so they can be traced."""
     if topk != 1 or num_draft_tokens != num_steps + 1:
         raise DrafterError(
             f"evaluation drafts one chain: use topk 1 and num_draft_tokens = num_steps + 1 "
@@ -146,25 +154,31 @@ def evaluate(
         "eagle3_untrained": lambda: EagleProposer(untrained),
         "prompt_lookup": PromptLookupProposer,
     }
+    labels = labels or [{} for _ in prompts]
     report: dict[str, dict[str, Any]] = {}
     outputs: dict[str, list[list[int]]] = {}
+    progress = StepProgress(log, "evaluation", len(methods) * len(prompts), unit="generations")
     for name, make_proposer in methods.items():
         started = time.perf_counter()
-        runs = [
-            speculative_generate(
-                target,
-                prompt,
-                make_proposer(),
-                num_steps=num_steps,
-                max_new_tokens=max_new_tokens,
-                stop_id=stop_id,
+        runs = []
+        for prompt in prompts:
+            runs.append(
+                speculative_generate(
+                    target,
+                    prompt,
+                    make_proposer(),
+                    num_steps=num_steps,
+                    max_new_tokens=max_new_tokens,
+                    stop_id=stop_id,
+                )
             )
-            for prompt in prompts
-        ]
+            progress.advance(1, len(runs[-1].tokens))
         report[name] = {
-            **_acceptance(runs),
+            **_acceptance(runs, num_steps),
             "seconds": round(time.perf_counter() - started, 2),
-            "per_prompt": [_acceptance([run]) for run in runs],
+            "per_prompt": [
+                {**label, **_acceptance([run], num_steps)} for label, run in zip(labels, runs, strict=True)
+            ],
         }
         outputs[name] = [run.tokens for run in runs]
     return {
@@ -208,11 +222,17 @@ def _target_forward(
     return out.logits[0], torch.cat([out.hidden_states[i + 1][0] for i in aux_layer_ids], dim=-1)
 
 
-def _acceptance(runs: list[Generation]) -> dict[str, Any]:
+def _acceptance(runs: list[Generation], num_steps: int) -> dict[str, Any]:
+    """Acceptance length, and per draft position k the share of verify forwards that accepted drafts
+    1..k (the rate SGLang's speculative metrics report per position)."""
     tokens = sum(run.verified_tokens for run in runs)
-    forwards = sum(run.target_forwards for run in runs)
+    rounds = [accepted for run in runs for accepted in run.accepted]
     return {
-        "acceptance_length": round(tokens / forwards, 4) if forwards else None,
-        "target_forwards": forwards,
+        "acceptance_length": round(tokens / len(rounds), 4) if rounds else None,
+        "acceptance_by_position": [
+            round(sum(accepted > k for accepted in rounds) / len(rounds), 4) if rounds else None
+            for k in range(num_steps)
+        ],
+        "target_forwards": len(rounds),
         "tokens": tokens,
     }

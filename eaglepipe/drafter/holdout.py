@@ -27,17 +27,18 @@ def select_holdout(token_stats: list[Path], *, per_dataset: int, explicit: list[
 
 
 def holdout_prompts(
-    token_files: list[Path], token_stats: list[Path], holdout_ids: list[str]
-) -> list[tuple[str, list[int]]]:
-    """(prompt id, rendered prompt ids) of every held-out prompt that has a tokenized sample."""
+    datasets: list[str], token_files: list[Path], token_stats: list[Path], holdout_ids: list[str]
+) -> list[tuple[str, str, list[int]]]:
+    """(set, prompt id, rendered prompt ids) of every held-out prompt that has a tokenized sample;
+    `datasets`, `token_files` and `token_stats` go set by set."""
     wanted = set(holdout_ids)
-    found: list[tuple[str, list[int]]] = []
-    for tensors_path, stats_path in zip(token_files, token_stats, strict=True):
+    found: list[tuple[str, str, list[int]]] = []
+    for dataset, tensors_path, stats_path in zip(datasets, token_files, token_stats, strict=True):
         rows = json.loads(Path(stats_path).read_text())["prompt_ids"]
         tensors = load_file(str(tensors_path))
         offsets, prompt_len, ids = tensors["offsets"], tensors["prompt_len"], tensors["input_ids"]
         for row, pid in enumerate(rows):
             if pid in wanted:
                 start = int(offsets[row])
-                found.append((pid, ids[start : start + int(prompt_len[row])].tolist()))
+                found.append((dataset, pid, ids[start : start + int(prompt_len[row])].tolist()))
     return found

@@ -10,6 +10,7 @@ as at serving time) and the target's top token at t+1+i is in the draft vocabula
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections import deque
@@ -28,9 +29,12 @@ from eaglepipe.drafter.frozen import load_target_embeddings, read_target_config
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.vocab import build_draft_vocab
 from eaglepipe.io import file_sha256
+from eaglepipe.progress import StepProgress
 
 STEP_WEIGHT = 0.8  # loss weight of unroll step i is STEP_WEIGHT ** i
 LOSS_CURVE_POINTS = 20
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,7 @@ def _fit(
         device.type, dtype=getattr(torch, settings.dtype), enabled=settings.dtype != "float32"
     )
     progress = Progress(losses=[], window=deque(maxlen=len(batches)))
+    shown = StepProgress(log, "training", total_steps, unit="steps")
     while len(progress.losses) < total_steps:
         for index in torch.randperm(len(batches), generator=order).tolist():
             batch = collate(load_samples(batches[index]), device, key=index)
@@ -169,6 +174,7 @@ def _fit(
             progress.losses.append(loss.item())
             progress.window.append((correct, counted))
             progress.tokens_seen += batch.num_tokens
+            shown.advance(1, batch.num_tokens)
             if len(progress.losses) == total_steps:
                 break
     return progress

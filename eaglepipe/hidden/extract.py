@@ -23,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from eaglepipe.io import atomic_write, file_sha256, write_json
+from eaglepipe.progress import StepProgress
 from eaglepipe.target.load import load_target
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,9 @@ def capture_states(decoder: torch.nn.Module, layers: list[int], input_ids, atten
     return torch.cat([captured[i] for i in layers], dim=-1), out.last_hidden_state
 
 
-def _forward_rows(model, tokens, rows: range, layers: list[int], batch_tokens: int, device, dtype):
+def _forward_rows(
+    model, tokens, rows: range, layers: list[int], batch_tokens: int, device, dtype, progress: StepProgress
+):
     """Hidden states of whole samples, batched by padded token count."""
     decoder = decoder_of(model)
     offsets = tokens["offsets"]
@@ -144,6 +147,8 @@ def _forward_rows(model, tokens, rows: range, layers: list[int], batch_tokens: i
             n = int(offsets[r + 1] - offsets[r])
             aux_parts.append(aux[i, :n].to("cpu", dtype))
             final_parts.append(final[i, :n].to("cpu", dtype))
+        done = sum(int(offsets[r + 1] - offsets[r]) for r in batch)
+        progress.advance(done, done)
         batch.clear()
 
     for r in rows:
@@ -190,15 +195,19 @@ def extract_hidden(
     model = None
     entries = []
     started = time.monotonic()
+    progress = StepProgress(log, f"{manifest_path}: hidden states", offsets[-1], unit="tokens")
     for plan in plan_shards(offsets, shard_tokens):
         path = shard_dir / plan.name
         key = _shard_key(tokens, plan, prompt_ids, [identity, layers, dtype])
         if _existing_key(path) == key:
             log.info("%s: reused (same tokens, model and layers)", path)
+            progress.advance(offsets[plan.last] - offsets[plan.first], reused=True)
         else:
             if model is None:  # loaded only when some shard must be computed
                 model = load_target(target_dir, dtype=dtype, device=device)[0]
-            _write_shard(model, tokens, plan, path, key, layers, prompt_ids, batch_tokens, storage_dtype)
+            _write_shard(
+                model, tokens, plan, path, key, layers, prompt_ids, batch_tokens, storage_dtype, progress
+            )
         entries.append(_entry(path, plan, offsets, relative_to=Path(manifest_path).parent))
     manifest = {
         "shards": entries,
@@ -234,11 +243,11 @@ def resolve_layers(target_dir: Path, aux_layers: list[int] | None) -> tuple[list
 
 
 def _write_shard(
-    model, tokens, plan: ShardPlan, path: Path, key: str, layers, prompt_ids, batch_tokens, dtype
+    model, tokens, plan: ShardPlan, path: Path, key: str, layers, prompt_ids, batch_tokens, dtype, progress
 ) -> None:
     rows = range(plan.first, plan.last)
     device = next(model.parameters()).device
-    aux, final = _forward_rows(model, tokens, rows, layers, batch_tokens, device, dtype)
+    aux, final = _forward_rows(model, tokens, rows, layers, batch_tokens, device, dtype, progress)
     start, end = int(tokens["offsets"][plan.first]), int(tokens["offsets"][plan.last])
     tensors = {
         "aux": aux.contiguous(),

@@ -90,6 +90,8 @@ class GenerationSettings:
     # How long to wait for `GET /generation` to know a request that was cut off or killed.
     recovery_wait_s: float = 10.0
     progress: bool = True
+    # The server is the project's emulator (api.base_url: local): its providers and dollars are simulated.
+    emulated: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "concurrency", "max_attempts"):
@@ -147,9 +149,22 @@ class GenerationSummary:
     job_ledger_dollars: float = 0.0
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    emulated: bool = False
+    max_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The summary file, with what a reader would otherwise have to look up: what `truncated` counts,
+        and that an emulated run's providers and dollars are not real."""
+        notes = {
+            "truncated": f"answers cut at generation.max_tokens ({self.max_tokens}) before the model "
+            "finished (finish_reason: length); they are kept and trained on; raise it for whole answers",
+        }
+        if self.emulated:
+            notes["emulated"] = (
+                "api.base_url: local: the providers and dollars are the local emulator's simulation; "
+                "nothing was bought"
+            )
+        return {**asdict(self), "notes": notes}
 
 
 async def generate_set(
@@ -164,7 +179,10 @@ async def generate_set(
     """Generate every prompt not yet journaled under `settings.fingerprint`; never raises for failed
     requests (the summary says what happened), only for unusable input."""
     _raise_open_file_limit(settings.concurrency)
-    run = _Run(settings, GenerationSummary(requested=len(prompts)), dataset)
+    summary = GenerationSummary(
+        requested=len(prompts), emulated=settings.emulated, max_tokens=settings.max_tokens
+    )
+    run = _Run(settings, summary, dataset)
     journaled = read_records(journal_dir)  # read once: resume and the ledger settlement both need it
     todo = run.resume(prompts, reusable(journaled, settings.fingerprint))
     log.info(
@@ -201,7 +219,13 @@ async def generate_set(
         run.progress.close(run.progress_line())
     log.info("%s: generation ended (%s): %s", dataset, run.summary.ended_because, run.progress_line())
     if run.provider_stats:
-        log.info("%s: per provider\n%s", dataset, provider_table(run.provider_stats))
+        log.info(
+            "%s: per provider%s (trunc: answers cut at max_tokens %d)\n%s",
+            dataset,
+            " (emulated: simulated providers and prices)" if settings.emulated else "",
+            settings.max_tokens,
+            provider_table(run.provider_stats),
+        )
     return run.summary
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from eaglepipe.config import is_local_api
 from eaglepipe.io import read_jsonl
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.openrouter.journal import tally_done
@@ -31,6 +32,10 @@ BYTES_PER_TOKEN = 3.5
 STORED_LAYERS = 4
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 HEADER = "eaglepipe spend plan (no request sent, no key read; the same plan prints before a real run spends)"
+EMULATED = (
+    "This is the emulator's plan (api.base_url: local): its providers and dollars are simulated and nothing "
+    "is bought; 'unknown' only means the demo's prompt sets are not built yet."
+)
 UNKNOWN = "unknown"
 
 
@@ -79,6 +84,9 @@ class SpendPlan:
     budget_usd: float
     hidden_size: int | None
     dtype: str
+    # Presentation: where hidden_size came from, and whether the API is the local emulator.
+    hidden_size_source: str = "the target's config.json"
+    emulated: bool = False
 
     @property
     def remaining_usd(self) -> float:
@@ -274,16 +282,21 @@ def print_spend_plan(
     except Exception as error:  # whatever breaks an estimate must not block the run
         print(f"eaglepipe: no spend plan ({type(error).__name__}: {error})", file=stream)
         return
-    print(format_plan(plan), file=stream)
+    planned_width = config["target"].get("hidden_size")
+    if plan.hidden_size is None and planned_width:
+        plan = replace(plan, hidden_size=planned_width, hidden_size_source="target.hidden_size")
+    print(format_plan(replace(plan, emulated=is_local_api(config))), file=stream)
 
 
 def format_plan(plan: SpendPlan) -> str:
     header = f"{HEADER}\nresults root: {plan.results}/ (its per-set folders, providers.json and ledger only)"
+    if plan.emulated:
+        header += f"\n{EMULATED}"
     if not plan.has_work:
         return f"{header}\nnothing left to buy: every planned set has its responses and hidden states"
     columns = ["set", "status", "prompts", "left", "input tok", "per answer", "output tok", "dollars",
                "budget", "shard disk"]
-    rows = [_row(item) for item in plan.sets]
+    rows = [_row(item, plan) for item in plan.sets]
     rows.append(_total_row(plan))
     widths = [max(len(row[i]) for row in [columns, *rows]) for i in range(len(columns))]
     table = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -406,7 +419,7 @@ def _fast_tokenizer(target_dir: Path) -> Any:
         return None
 
 
-def _row(item: SetPlan) -> list[str]:
+def _row(item: SetPlan, plan: SpendPlan) -> list[str]:
     if item.status == "done":
         return [item.name, "done", *["-"] * 8]
     if item.status == "extract":
@@ -420,15 +433,48 @@ def _row(item: SetPlan) -> list[str]:
         _count(item.input_tokens),
         f"{item.per_answer:,} {item.per_answer_source}",
         output,
-        (">=" if item.usd_at_least else "") + _usd(item.usd),
-        item.coverage,
-        _size(item.disk_bytes),
+        _usd_range(_dollar_range(item, plan), item.usd_at_least),
+        item.coverage + ("?" if item.usd_at_least and item.coverage in ("full", "partly") else ""),
+        _disk(item, plan),
     ]
+
+
+def _dollar_range(item: SetPlan, plan: SpendPlan) -> tuple[float | None, float | None]:
+    """(at the per-answer estimate, at max_tokens per answer): the token budget bounds both, and a set
+    answered at max_tokens reaches it after fewer prompts, so fewer input tokens: the high end holds."""
+    if item.usd is None or plan.prices is None or item.left is None:
+        return item.usd, None
+    most = item.output_tokens if item.capped else item.left * plan.max_tokens
+    return item.usd, plan.prices.cost(item.input_tokens or 0, max(most, item.output_tokens or 0))
+
+
+def _usd_range(bounds: tuple[float | None, float | None], outputs_only: bool) -> str:
+    low, high = bounds
+    text = _usd(low) if high is None or _usd(high) == _usd(low) else f"{_usd(low)}-{_usd(high)}"
+    return text + (" +input" if outputs_only and low is not None else "")
+
+
+def _disk(item: SetPlan, plan: SpendPlan) -> str:
+    """The set's shards: definite once its input tokens are counted, else the outputs' share ('>=')."""
+    if item.disk_bytes is not None:
+        return _size(item.disk_bytes)
+    per_token = shard_bytes_per_token(plan.hidden_size, plan.dtype)
+    if per_token is None or item.output_tokens is None:
+        return UNKNOWN
+    return ">=" + _size(item.output_tokens * per_token)
 
 
 def _total_row(plan: SpendPlan) -> list[str]:
     buying = [item for item in plan.sets if item.status == "generate"]
     extracting = [item for item in plan.sets if item.status != "done"]
+    ranges = [_dollar_range(item, plan) for item in buying]
+    high = _sum(high for _, high in ranges) if ranges and all(h is not None for _, h in ranges) else None
+    disks = [_disk(item, plan) for item in extracting]
+    per_token = shard_bytes_per_token(plan.hidden_size, plan.dtype)
+    disk = _size(_sum(item.disk_bytes for item in extracting))
+    if disk == UNKNOWN and per_token and all(d != UNKNOWN for d in disks):
+        known = sum(item.disk_bytes or (item.output_tokens or 0) * per_token for item in extracting)
+        disk = (">=" if any(d.startswith(">=") for d in disks) else "") + _size(known)
     return [
         "total",
         "",
@@ -437,14 +483,14 @@ def _total_row(plan: SpendPlan) -> list[str]:
         _count(_sum(item.input_tokens for item in buying)),
         "",
         _count(_sum(item.output_tokens for item in buying)),
-        (">=" if any(item.usd_at_least for item in buying) else "") + _usd(_sum(item.usd for item in buying)),
+        _usd_range((_sum(item.usd for item in buying), high), any(item.usd_at_least for item in buying)),
         "",
-        _size(_sum(item.disk_bytes for item in extracting)),
+        disk,
     ]
 
 
 def _notes(plan: SpendPlan) -> list[str]:
-    """How the columns were estimated; only the sets still to generate need prices and token counts."""
+    """How the columns were estimated, each assumption with the config key that sets it."""
     if not any(item.status == "generate" for item in plan.sets):
         return [""]
     if plan.prices is None:
@@ -460,14 +506,18 @@ def _notes(plan: SpendPlan) -> list[str]:
     inputs = {
         "tokenizer": f"input tokens: counted with {tokenizer}, chat template applied",
         "bytes": f"input tokens: prompt JSON bytes / {BYTES_PER_TOKEN} (no usable {tokenizer})",
-        None: "input tokens: unknown until the prompt sets are built (the prompts rule, free); "
-        "'>=' dollars count the outputs only",
+        None: "input tokens: unknown until the prompt sets are built (free: `snakemake --until prompts`)",
     }[plan.input_method]
     answer = (
-        f"per answer: journal mean (>= {MIN_OBSERVATIONS} answers) or generation.expected_completion_tokens, "
-        f"at most max_tokens {plan.max_tokens:,}"
+        f"per answer: 'config' = generation.expected_completion_tokens (an assumption), 'journal' = the mean "
+        f"of >= {MIN_OBSERVATIONS} answers already bought; at most generation.max_tokens {plan.max_tokens:,}"
     )
-    notes = [price, inputs, answer]
+    dollars = (
+        "dollars: low at the per-answer estimate, high if every answer ran to generation.max_tokens"
+    )
+    notes = [price, inputs, answer, dollars]
+    if any(item.usd_at_least for item in plan.sets):
+        notes.append("'+input' dollars and '>=' disk: outputs only, for sets whose prompts are not built yet")
     if any(item.capped for item in plan.sets):
         notes.append("(cap): budget.output_tokens_per_dataset ends the set first (journal answers count)")
     return [*notes, ""]
@@ -475,10 +525,14 @@ def _notes(plan: SpendPlan) -> list[str]:
 
 def _summary(plan: SpendPlan) -> list[str]:
     buying = [item for item in plan.sets if item.status == "generate"]
+    outputs_only = any(item.usd_at_least for item in buying)
     lines = [
         "",
         f"budget.usd ${plan.budget_usd:,.2f}: ${plan.spent_usd:,.4f} spent so far, "
-        f"${plan.remaining_usd:,.2f} left",
+        f"${plan.remaining_usd:,.2f} left. The budget column assumes sets are bought one after another in "
+        "`datasets` order at the low estimate; generation jobs may run at once and share budget.usd, so "
+        "the set left short can be any of them"
+        + ("; '?': outputs only, the inputs may cut it" if outputs_only else ""),
     ]
     for coverage, label in (("full", "covers fully"), ("partly", "covers partly"), ("no", "does not cover"),
                             (UNKNOWN, "cannot price")):
@@ -486,14 +540,44 @@ def _summary(plan: SpendPlan) -> list[str]:
         if names:
             lines.append(f"  {label}: {', '.join(names)}")
     if plan.hidden_size is None:
-        lines.append("shard disk: unknown (no hidden_size in the target's config.json yet)")
+        lines.append(
+            "shard disk: unknown: no hidden_size in the target's config.json yet; set target.hidden_size "
+            "to plan it"
+        )
     else:
         per_token = shard_bytes_per_token(plan.hidden_size, plan.dtype)
         lines.append(
-            f"shard disk: tokens x {STORED_LAYERS} layers x hidden {plan.hidden_size:,} x "
-            f"{DTYPE_BYTES[plan.dtype]} B ({plan.dtype}) = {per_token:,} B per token"
+            f"shard disk: tokens x {STORED_LAYERS} layers x hidden {plan.hidden_size:,} "
+            f"({plan.hidden_size_source}) x {DTYPE_BYTES[plan.dtype]} B (hidden.dtype {plan.dtype}) = "
+            f"{per_token:,} B per token"
         )
-    return lines
+    return [*lines, _what_it_buys(plan, buying)]
+
+
+def _what_it_buys(plan: SpendPlan, buying: list[SetPlan]) -> str:
+    """The one sentence a person deciding to spend needs: what this budget buys and what it does not."""
+    if plan.emulated:
+        return (
+            "In short: the emulator buys nothing and charges nothing real; this run builds the whole chain "
+            "on the CPU for $0."
+        )
+    full = [item.name for item in buying if item.coverage == "full"]
+    short = [item.name for item in buying if item.coverage in ("partly", "no")]
+    unpriced = [item.name for item in buying if item.coverage == UNKNOWN]
+    if unpriced:
+        return (
+            f"In short: this budget cannot be checked against {', '.join(unpriced)} until they can be priced "
+            "(providers.json or budget.price_per_m_tokens); every set must be complete for a drafter."
+        )
+    if not short:
+        caveat = " if the inputs fit" if any(item.usd_at_least for item in buying) else ""
+        left = ", ".join(full) or "none"
+        return f"In short: ${plan.remaining_usd:,.2f} buys every set left ({left}){caveat}, so the drafter."
+    return (
+        f"In short: ${plan.remaining_usd:,.2f} buys {', '.join(full) or 'no set'} in full but not "
+        f"{', '.join(short)}; training needs every set in `datasets`, so this budget buys no drafter: "
+        "raise budget.usd or list fewer sets."
+    )
 
 
 def _sum(values: Iterable[int | float | None]) -> Any:

@@ -142,17 +142,21 @@ def run_generation(
             expected_request_usd=max_request_usd(providers["kept"], gen["max_tokens"]),
             stream=gen["stream"],
             return_token_ids=gen["return_token_ids"],
+            emulated=is_local_api(config),
         )
         summary = generate_responses(
             prompts_path, responses_path, summary_path, journal_dir, ledger_dir, dataset, settings, key
         )
     log.info(
-        "%s: %d done (%d resumed), %d tokens, $%.4f",
+        "%s: %d done (%d resumed, %d truncated at max_tokens %d), %d tokens, $%.4f%s",
         responses_path,
         summary.done,
         summary.resumed,
+        summary.truncated,
+        gen["max_tokens"],
         summary.completion_tokens,
         summary.dollars,
+        " (emulated: nothing bought)" if settings.emulated else "",
     )
     return summary
 

@@ -1,0 +1,119 @@
+"""What the figures and the end-of-run table read: the stages' own outputs, named by path, never searched for.
+
+A file that does not exist yet (a run stopped early, a set not built) is simply absent from the result, so
+the end-of-run table can show a partial run; the figures rule declares every file it needs as an input.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eaglepipe.openrouter.ledger import ledger_path
+from eaglepipe.openrouter.plan import DTYPE_BYTES, STORED_LAYERS
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the figures need of one response: a real run's responses.jsonl holds gigabytes of text."""
+
+    completion_tokens: int
+    finish_reason: str
+
+
+@dataclass
+class SetOutputs:
+    """One prompt set's outputs; None where the stage has not written them."""
+
+    name: str
+    answers: list[Answer] | None = None  # from responses.jsonl, one per answer
+    summary: dict[str, Any] | None = None  # responses.summary.json
+    tokens: dict[str, Any] | None = None  # tokens.json
+    hidden: dict[str, Any] | None = None  # hidden.done
+
+
+@dataclass
+class RunOutputs:
+    sets: list[SetOutputs]
+    ledger: list[dict[str, Any]] = field(default_factory=list)  # billed lines of the run-wide ledger
+    train: dict[str, Any] | None = None  # drafter/train.json
+    eval: dict[str, Any] | None = None  # drafter/eval.json
+
+
+def read_json(path: Path | None) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+
+
+def read_answers(path: Path | None) -> list[Answer] | None:
+    """Each response's billed completion tokens and finish reason, read one line at a time."""
+    if path is None or not path.is_file():
+        return None
+    answers = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                answers.append(Answer(
+                    completion_tokens=(record.get("usage") or {}).get("completion_tokens") or 0,
+                    finish_reason=(record.get("response") or {}).get("finish_reason") or "none",
+                ))
+    return answers
+
+
+def read_billed(ledger_dir: Path) -> list[dict[str, Any]]:
+    """The ledger's `billed` lines in time order; a torn last line (a job killed mid-write) is skipped."""
+    path = ledger_path(ledger_dir)
+    if not path.is_file():
+        return []
+    billed = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("event") == "billed":
+            billed.append(record)
+    return sorted(billed, key=lambda record: record.get("at") or 0.0)
+
+
+def load_run(
+    datasets: list[str],
+    *,
+    responses: list[Path] | None = None,
+    summaries: list[Path] | None = None,
+    token_stats: list[Path] | None = None,
+    manifests: list[Path] | None = None,
+    ledger_dir: Path | None = None,
+    train: Path | None = None,
+    evaluation: Path | None = None,
+) -> RunOutputs:
+    """Each list goes set by set, in the order of `datasets`; a list left out is not read."""
+
+    def nth(paths: list[Path] | None, index: int) -> Path | None:
+        return Path(paths[index]) if paths else None
+
+    sets = [
+        SetOutputs(
+            name=name,
+            answers=read_answers(nth(responses, i)),
+            summary=read_json(nth(summaries, i)),
+            tokens=read_json(nth(token_stats, i)),
+            hidden=read_json(nth(manifests, i)),
+        )
+        for i, name in enumerate(datasets)
+    ]
+    return RunOutputs(
+        sets=sets,
+        ledger=read_billed(Path(ledger_dir)) if ledger_dir else [],
+        train=read_json(Path(train) if train else None),
+        eval=read_json(Path(evaluation) if evaluation else None),
+    )
+
+
+def hidden_bytes(manifest: dict[str, Any]) -> int:
+    """Shard disk from the manifest alone: per token the stored layers' states plus the int32 id and
+    uint8 mask."""
+    width = STORED_LAYERS * manifest["hidden_size"] * DTYPE_BYTES.get(manifest["dtype"], 2)
+    return manifest["num_tokens"] * (width + 5)

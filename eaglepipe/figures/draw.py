@@ -1,0 +1,279 @@
+"""The report's figures, one PNG each, drawn with matplotlib from what the stages wrote.
+
+Every figure is drawn even when its data is missing or empty (a panel then says so), so the figures rule
+always has all its outputs and a report never shows a broken image.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a cluster node
+matplotlib.rcParams["text.parse_math"] = False  # dollar signs are dollars, not TeX
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from eaglepipe.figures.data import RunOutputs, hidden_bytes  # noqa: E402
+from eaglepipe.figures.summary import METHOD_LABELS  # noqa: E402
+
+DPI = 110
+DISK_UNITS = (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+BUDGET_LINE_SHARE = 0.05  # below this share of budget.usd spent, the budget line is named, not drawn
+METHOD_COLOURS = {"eagle3": "tab:blue", "eagle3_untrained": "tab:gray", "prompt_lookup": "tab:orange"}
+# tokens.json shares, in the order the bar stacks them (docs/tokens.md says what each means).
+ID_SHARES = {
+    "exact": "exact (server ids)",
+    "rebuilt_count_matched": "rebuilt, count matches bill",
+    "rebuilt_ambiguous": "rebuilt, ambiguous",
+    "rebuilt_off_by_k": "rebuilt, off by k tokens",
+}
+
+
+def _empty(ax: Axes, why: str) -> None:
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _grid(count: int) -> tuple[Figure, list[Axes]]:
+    """Small multiples, one panel per set, at most four across."""
+    cols = min(max(count, 1), 4)
+    rows = math.ceil(max(count, 1) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows + 0.6), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    return fig, flat
+
+
+def answer_lengths(run: RunOutputs, max_tokens: int) -> Figure:
+    fig, axes = _grid(len(run.sets))
+    for ax, item in zip(axes, run.sets, strict=False):
+        lengths = [answer.completion_tokens for answer in item.answers or []]
+        ax.set_title(item.name, fontsize=10)
+        if not lengths:
+            _empty(ax, "no answers")
+            continue
+        ax.hist(lengths, bins=min(30, max(5, len(set(lengths)))), color="tab:blue")
+        ax.axvline(max_tokens, color="tab:red", linestyle="--", label=f"max_tokens {max_tokens}")
+        ax.set_xlabel("output tokens per answer")
+        ax.set_ylabel("answers")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=7)
+    fig.suptitle("Answer lengths per set (answers at the red line were truncated)")
+    return fig
+
+
+def finish_reasons(run: RunOutputs) -> Figure:
+    counts = {item.name: Counter(answer.finish_reason for answer in item.answers or []) for item in run.sets}
+    reasons = sorted({reason for counter in counts.values() for reason in counter})
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(run.sets) + 1.8))
+    if not reasons:
+        _empty(ax, "no answers")
+    left = [0] * len(run.sets)
+    for reason in reasons:
+        widths = [counts[item.name][reason] for item in run.sets]
+        ax.barh([item.name for item in run.sets], widths, left=left, label=reason)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    if reasons:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("answers")
+        ax.legend(title="finish_reason", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+        ax.invert_yaxis()
+    ax.set_title("How answers ended (length = cut at generation.max_tokens)")
+    return fig
+
+
+def spend_over_time(run: RunOutputs, budget_usd: float) -> Figure:
+    fig, (dollars_ax, tokens_ax) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    if not run.ledger:
+        _empty(dollars_ax, "no billed request in the ledger")
+        _empty(tokens_ax, "")
+        return fig
+    times = [datetime.fromtimestamp(r.get("at") or 0.0, UTC) for r in run.ledger]
+    dollars, tokens, usd, count = [], [], 0.0, 0
+    for record in run.ledger:
+        usd += float(record.get("usd") or 0.0)
+        count += int(record.get("completion_tokens") or 0)
+        dollars.append(usd)
+        tokens.append(count)
+    dollars_ax.step(times, dollars, where="post", color="tab:green", label="spent (ledger)")
+    if usd >= BUDGET_LINE_SHARE * budget_usd:
+        dollars_ax.axhline(budget_usd, color="tab:red", linestyle="--", label=f"budget.usd ${budget_usd:g}")
+    else:  # the line would flatten the spend into the axis
+        dollars_ax.plot([], [], " ", label=f"budget.usd ${budget_usd:g}: far above, not drawn")
+    dollars_ax.set_ylabel("dollars, cumulative")
+    dollars_ax.legend(fontsize=8)
+    tokens_ax.step(times, tokens, where="post", color="tab:blue")
+    tokens_ax.set_ylabel("output tokens, cumulative")
+    tokens_ax.set_xlabel("time (UTC)")
+    fig.autofmt_xdate()
+    fig.suptitle(f"Spend over time: ${usd:.4f} of ${budget_usd:g}, {count:,} output tokens")
+    return fig
+
+
+def token_id_methods(run: RunOutputs) -> Figure:
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(run.sets) + 2))
+    names = [item.name for item in run.sets]
+    shares = {item.name: (item.tokens or {}).get("shares", {}) for item in run.sets}
+    left = [0.0] * len(names)
+    for key, label in ID_SHARES.items():
+        widths = [100 * (shares[name].get(key) or 0.0) for name in names]
+        ax.barh(names, widths, left=left, label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    flagged = [sum(((item.tokens or {}).get("counts", {}).get("flags") or {}).values()) for item in run.sets]
+    for y, count in enumerate(flagged):
+        ax.text(101, y, f"{count} flags", va="center", fontsize=8)
+    ax.set_xlim(0, 115)
+    ax.set_xlabel("% of responses")
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
+    ax.set_title("How the completion token ids were obtained")
+    return fig
+
+
+def billed_difference(run: RunOutputs) -> Figure:
+    fig, axes = _grid(len(run.sets))
+    for ax, item in zip(axes, run.sets, strict=False):
+        histogram = ((item.tokens or {}).get("billed") or {}).get("rebuilt_minus_billed_histogram") or {}
+        ax.set_title(item.name, fontsize=10)
+        if not histogram:
+            _empty(ax, "no billed counts")
+            continue
+        diffs = sorted(histogram, key=int)
+        ax.bar([int(d) for d in diffs], [histogram[d] for d in diffs], color="tab:purple")
+        ax.set_xlim(min(-3, int(diffs[0]) - 1), max(3, int(diffs[-1]) + 1))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("rebuilt minus billed tokens")
+        ax.set_ylabel("responses")
+    fig.suptitle("Rebuilt minus billed completion tokens (0: the ids match the bill in length)")
+    return fig
+
+
+def hidden_states(run: RunOutputs) -> Figure:
+    fig, (tokens_ax, disk_ax) = plt.subplots(1, 2, figsize=(9, 0.45 * len(run.sets) + 2))
+    names = [item.name for item in run.sets]
+    tokens = [(item.hidden or {}).get("num_tokens", 0) for item in run.sets]
+    disk = [hidden_bytes(item.hidden) if item.hidden else 0 for item in run.sets]
+    unit, scale = next(((u, s) for u, s in DISK_UNITS if max(disk, default=0) >= s), DISK_UNITS[-1])
+    tokens_ax.barh(names, tokens, color="tab:blue")
+    tokens_ax.set_xlabel("tokens")
+    tokens_ax.invert_yaxis()
+    disk_ax.barh(names, [d / scale for d in disk], color="tab:brown")
+    disk_ax.set_xlabel(f"{unit} of shards")
+    disk_ax.invert_yaxis()
+    disk_ax.set_yticklabels([])
+    fig.suptitle(f"Hidden states: {sum(tokens):,} tokens, {sum(disk) / scale:,.3g} {unit} on disk")
+    return fig
+
+
+def training(run: RunOutputs) -> Figure:
+    fig, (loss_ax, accuracy_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    train = run.train or {}
+    curve = train.get("loss_curve") or []
+    if curve:
+        loss_ax.plot([p["step"] for p in curve], [p["loss"] for p in curve], marker="o", markersize=3)
+        loss_ax.set_xlabel("optimizer step")
+        loss_ax.set_ylabel("TTT loss")
+    else:
+        _empty(loss_ax, "no train.json")
+    loss_ax.set_title("Training loss")
+    accuracy = train.get("ttt_accuracy") or []
+    if accuracy:
+        steps = range(1, len(accuracy) + 1)
+        bars = accuracy_ax.bar(steps, [100 * (a or 0.0) for a in accuracy], color="tab:green")
+        accuracy_ax.bar_label(bars, fmt="%.1f%%", fontsize=8)
+        accuracy_ax.set_xticks(list(steps))
+        accuracy_ax.set_xlabel("unroll step (draft position)")
+        accuracy_ax.set_ylabel("top-1 accuracy, %")
+        accuracy_ax.set_ylim(0, 100)
+    else:
+        _empty(accuracy_ax, "no train.json")
+    window = train.get("ttt_accuracy_window_steps")
+    accuracy_ax.set_title(f"TTT accuracy (last {window} steps)" if window else "TTT accuracy")
+    return fig
+
+
+def acceptance(run: RunOutputs) -> Figure:
+    """Acceptance length per set (from the per-prompt entries) and overall, for each method."""
+    methods = (run.eval or {}).get("methods") or {}
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    if not methods:
+        _empty(ax, "no eval.json")
+        return fig
+    groups = [item.name for item in run.sets] + ["all held-out"]
+    width = 0.8 / len(methods)
+    for offset, (name, result) in enumerate(methods.items()):
+        values = [_set_acceptance(result, group) for group in groups[:-1]]
+        values.append(result["acceptance_length"] or 0.0)
+        xs = [i + (offset - (len(methods) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, values, width, label=METHOD_LABELS.get(name, name), color=METHOD_COLOURS.get(name))
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("tokens per target forward")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    held_out = run.eval.get("held_out_prompts", "?")
+    ax.set_title(f"Acceptance length on {held_out} held-out prompts (1.0: no gain)")
+    return fig
+
+
+def _set_acceptance(result: dict, dataset: str) -> float:
+    entries = [e for e in result.get("per_prompt", []) if e.get("set") == dataset]
+    forwards = sum(e["target_forwards"] for e in entries)
+    return sum(e["tokens"] for e in entries) / forwards if forwards else 0.0
+
+
+def acceptance_by_position(run: RunOutputs) -> Figure:
+    methods = (run.eval or {}).get("methods") or {}
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    rates = {name: result.get("acceptance_by_position") for name, result in methods.items()}
+    if not any(rates.values()):
+        _empty(ax, "no per-position acceptance in eval.json")
+        return fig
+    for name, values in rates.items():
+        positions = range(1, len(values) + 1)
+        ax.plot(positions, [100 * (v or 0.0) for v in values], marker="o",
+                label=METHOD_LABELS.get(name, name), color=METHOD_COLOURS.get(name))
+        ax.set_xticks(list(positions))
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("% of verify forwards accepting drafts 1..k")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title("Acceptance per draft position")
+    return fig
+
+
+def figure_makers(max_tokens: int, budget_usd: float) -> dict[str, Callable[[RunOutputs], Figure]]:
+    """Every figure by its file stem; the figures rule declares exactly these outputs."""
+    return {
+        "generation_answer_lengths": lambda run: answer_lengths(run, max_tokens),
+        "generation_finish_reasons": finish_reasons,
+        "generation_spend": lambda run: spend_over_time(run, budget_usd),
+        "tokens_id_methods": token_id_methods,
+        "tokens_billed_difference": billed_difference,
+        "hidden_states": hidden_states,
+        "drafter_training": training,
+        "drafter_acceptance": acceptance,
+        "drafter_acceptance_by_position": acceptance_by_position,
+    }
+
+
+
+def draw_figures(run: RunOutputs, outputs: dict[str, Path], *, max_tokens: int, budget_usd: float) -> None:
+    """Draw each figure named in `outputs` (stem -> PNG path)."""
+    makers = figure_makers(max_tokens, budget_usd)
+    for stem, path in outputs.items():
+        fig = makers[stem](run)
+        fig.tight_layout()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=DPI, bbox_inches="tight")  # legends beside the axes stay in
+        plt.close(fig)

@@ -1,0 +1,102 @@
+"""The end-of-run table on the terminal (Snakemake `onsuccess`), and one line per failed job (`onerror`).
+
+The table answers the three questions a run is for: what was bought, can its token ids be trusted, and is
+the drafter any good. A dash marks what this run has not (yet) produced.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from eaglepipe.figures.data import RunOutputs
+
+DASH = "-"
+METHOD_LABELS = {"eagle3": "trained drafter", "eagle3_untrained": "untrained drafter",
+                 "prompt_lookup": "prompt lookup"}
+
+
+def _share(value: float | None) -> str:
+    return DASH if value is None else f"{100 * value:.1f}%"
+
+
+def _set_row(item: Any) -> list[str]:
+    summary, tokens, hidden = item.summary or {}, item.tokens or {}, item.hidden or {}
+    shares = tokens.get("shares", {})
+    return [
+        item.name,
+        str(summary["done"]) if "done" in summary else DASH,
+        f"{summary['completion_tokens']:,}" if "completion_tokens" in summary else DASH,
+        f"${summary['dollars']:.4f}" if "dollars" in summary else DASH,
+        _share(shares.get("exact")) if tokens else DASH,
+        _share(shares.get("billed_count_matched")) if tokens else DASH,
+        f"{hidden['num_tokens']:,}" if "num_tokens" in hidden else DASH,
+    ]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells))
+    return lines
+
+
+def run_table(run: RunOutputs, *, emulated: bool = False) -> str:
+    """Per set: answers, output tokens, dollars, exact / count-matched share, hidden-state tokens; then the
+    drafter's acceptance length next to prompt lookup and the untrained drafter."""
+    header = ["set", "answers", "output tokens", "dollars", "exact ids", "count-matched", "hidden tokens"]
+    lines = ["eaglepipe: end of run" + (" (emulated: no real request, no real dollar)" if emulated else "")]
+    lines += _table(header, [_set_row(item) for item in run.sets])
+    lines.append(
+        "exact ids: token ids the server returned; count-matched: ids whose count equals the billed "
+        "completion tokens"
+    )
+    methods = (run.eval or {}).get("methods", {})
+    if methods:
+        cells = [
+            f"{label} {methods[name]['acceptance_length']}"
+            for name, label in METHOD_LABELS.items()
+            if name in methods
+        ]
+        held_out = run.eval.get("held_out_prompts", DASH)
+        lines.append(f"acceptance length on {held_out} held-out prompts: " + ", ".join(cells))
+    else:
+        lines.append("acceptance length: - (no drafter/eval.json yet)")
+    return "\n".join(lines)
+
+
+ERROR_HEADER = re.compile(r"^Error in rule (\w+):")
+FIELD = re.compile(r"^\s+(jobid|log|wildcards): (.+?)(?: \(check log file\(s\) for error details\))?$")
+
+
+def failed_jobs(snakemake_log: str | Path | list[str | Path]) -> list[str]:
+    """One line per failed job, from Snakemake's own run log (`log` in `onerror`: a list of paths in
+    Snakemake 9): the rule, its wildcards (from the job's start block) and its log file."""
+    paths = [snakemake_log] if isinstance(snakemake_log, str | Path) else list(snakemake_log or [])
+    lines = [line for path in paths if Path(path).is_file()
+             for line in Path(path).read_text(errors="replace").splitlines()]
+    wildcards: dict[str, str] = {}
+    failures: list[dict[str, str]] = []
+    jobid = None  # the job whose block the line is in
+    for line in lines:
+        header = ERROR_HEADER.match(line)
+        if header:
+            failures.append({"rule": header[1]})
+        elif found := FIELD.match(line):
+            key, value = found[1], found[2]
+            if key == "jobid":
+                jobid = value
+            if failures and key in ("jobid", "log") and key not in failures[-1]:
+                failures[-1][key] = value
+            elif key == "wildcards" and jobid is not None:
+                wildcards[jobid] = value
+    out = []
+    for failure in failures:
+        where = f" ({wildcards[failure['jobid']]})" if failure.get("jobid") in wildcards else ""
+        log = failure.get("log", "no log file declared")
+        out.append(f"eaglepipe: job {failure['rule']}{where} failed: see {log}")
+    return out
