@@ -19,9 +19,12 @@ rule train_drafter:
         holdout_ids=config["eval"]["holdout_ids"],
     log:
         logs("train_drafter.log"),
-    threads: 2
+    threads: CLUSTER["train_drafter"]["cpus"]
     resources:
         gpu=config["drafter"]["gpus"],
+        **gpu_model(config["drafter"]["gpus"]),
+        mem_mb=CLUSTER["train_drafter"]["mem_mb"],
+        runtime=CLUSTER["train_drafter"]["runtime_min"],
     conda:
         "../envs/gpu.yaml"
     script:
@@ -44,9 +47,12 @@ rule evaluate_drafter:
         settings={k: v for k, v in config["eval"].items() if k not in ("device", "dtype")},
     log:
         logs("evaluate_drafter.log"),
-    threads: 2
+    threads: CLUSTER["evaluate_drafter"]["cpus"]
     resources:
         gpu=min(config["drafter"]["gpus"], 1),
+        **gpu_model(min(config["drafter"]["gpus"], 1)),
+        mem_mb=CLUSTER["evaluate_drafter"]["mem_mb"],
+        runtime=CLUSTER["evaluate_drafter"]["runtime_min"],
     conda:
         "../envs/gpu.yaml"
     script:
