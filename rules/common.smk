@@ -37,6 +37,14 @@ def prompt_set(ds="{ds}"):
 
 
 LEDGER_DIR = results(".ledger")
+# What each cluster job asks its scheduler for; the rules show it in their `resources:`.
+CLUSTER = config["cluster"]
+
+
+def gpu_model(gpus):
+    """The GPU type as a resource for a job that asks GPUs, when the config names one."""
+    model = CLUSTER["gpu_model"]
+    return {"gpu_model": model} if model and gpus else {}
 
 
 # The report's categories: one per stage, numbered in pipeline order (a figure's stem starts with its stage).

@@ -25,9 +25,12 @@ rule train_drafter:
         holdout_ids=config["eval"]["holdout_ids"],
     log:
         logs("train_drafter.log"),
-    threads: 2
+    threads: CLUSTER["train_drafter"]["cpus"]
     resources:
         gpu=config["drafter"]["gpus"],
+        **gpu_model(config["drafter"]["gpus"]),
+        mem_mb=CLUSTER["train_drafter"]["mem_mb"],
+        runtime=CLUSTER["train_drafter"]["runtime_min"],
     conda:
         "../envs/gpu.yaml"
     script:
@@ -56,9 +59,12 @@ rule evaluate_drafter:
         datasets=DATASETS,
     log:
         logs("evaluate_drafter.log"),
-    threads: 2
+    threads: CLUSTER["evaluate_drafter"]["cpus"]
     resources:
         gpu=min(config["drafter"]["gpus"], 1),
+        **gpu_model(min(config["drafter"]["gpus"], 1)),
+        mem_mb=CLUSTER["evaluate_drafter"]["mem_mb"],
+        runtime=CLUSTER["evaluate_drafter"]["runtime_min"],
     conda:
         "../envs/gpu.yaml"
     script:

@@ -19,9 +19,12 @@ rule hidden:
         dtype=config["hidden"]["dtype"],
     log:
         logs("hidden/{ds}.log"),
-    threads: 2
+    threads: CLUSTER["hidden"]["cpus"]
     resources:
         gpu=config["hidden"]["gpus"],
+        **gpu_model(config["hidden"]["gpus"]),
+        mem_mb=CLUSTER["hidden"]["mem_mb"],
+        runtime=CLUSTER["hidden"]["runtime_min"],
     conda:
         "../envs/gpu.yaml"
     script:

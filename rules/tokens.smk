@@ -19,7 +19,10 @@ rule tokens:
         settings=config["tokens"],
     log:
         logs("tokens/{ds}.log"),
-    threads: 1
+    threads: CLUSTER["tokens"]["cpus"]
+    resources:
+        mem_mb=CLUSTER["tokens"]["mem_mb"],
+        runtime=CLUSTER["tokens"]["runtime_min"],
     conda:
         "../envs/pipeline.yaml"
     script:
