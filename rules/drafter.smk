@@ -11,6 +11,7 @@ rule train_drafter:
         config=results("drafter/config.json"),
         weights=results("drafter/model.safetensors"),
         report=results("drafter/train.json"),
+        serving=results("drafter/README.md"),
     params:
         target=TARGET_DIR,
         # What shapes the drafter; where it trains (device, gpus) is read from the config by the script.

@@ -20,7 +20,13 @@ from eaglepipe.drafter.evaluate import (
     speculative_generate,
     untrained_like,
 )
-from eaglepipe.drafter.export import config_json, export_drafter, load_exported
+from eaglepipe.drafter.export import (
+    aux_layers_as_read,
+    check_engines_agree,
+    config_json,
+    export_drafter,
+    load_exported,
+)
 from eaglepipe.drafter.frozen import load_target_embeddings, read_target_config
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.train import (
@@ -352,13 +358,18 @@ def test_settings_name_the_bad_field():
 
 
 @pytest.mark.slow
-def test_training_reduces_the_loss_and_exports(trained):
+def test_training_reduces_the_loss_and_exports(trained, model_dir):
     out_dir, report = trained
     losses = [point["loss"] for point in report["loss_curve"]]
     assert report["steps"] == 12 and losses[-1] < 0.7 * losses[0]
     assert len(report["ttt_accuracy"]) == 3 and all(0 <= a <= 1 for a in report["ttt_accuracy"])
     assert report["held_out_prompt_ids"] == sorted(HELD_OUT) and report["train_samples"] == 6
-    assert {p.name for p in out_dir.iterdir()} == {"config.json", "model.safetensors"}
+    assert {p.name for p in out_dir.iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    readme = (out_dir / "README.md").read_text()
+    speculative = f'{{"method": "eagle3", "model": "{out_dir}", "num_speculative_tokens": 3}}'
+    assert f"vllm serve {model_dir} --speculative-config '{speculative}'" in readme
+    assert f"--model-path {model_dir} --speculative-algorithm EAGLE3" in readme
+    assert f"--speculative-draft-model-path {out_dir} --speculative-num-steps 3" in readme
 
 
 def test_export_layout_and_fused_reload_reproduce_logits(model_dir, aux_layer_ids, tmp_path):
@@ -378,6 +389,7 @@ def test_export_layout_and_fused_reload_reproduce_logits(model_dir, aux_layer_id
         "eagle_aux_hidden_state_layer_ids": [1, 14, 26],
         "use_aux_hidden_state": True,
     }
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # vLLM's input-of-layer ids
     hf = AutoConfig.from_pretrained(tmp_path)
     assert (hf.model_type, hf.num_hidden_layers, hf.draft_vocab_size, hf.head_dim) == ("llama", 1, 256, 64)
 
@@ -392,6 +404,30 @@ def test_export_layout_and_fused_reload_reproduce_logits(model_dir, aux_layer_id
         a, _ = drafter(ids[:, -1:], ha[:, -1:], caches[0])
         b, _ = served(ids[:, -1:], hb[:, -1:], caches[1])
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_every_engine_reads_the_exported_aux_layers_as_trained(model_dir, tmp_path):
+    export_drafter(random_drafter(model_dir, [1, 14, 26]), tmp_path)
+    readings = aux_layers_as_read(json.loads((tmp_path / "config.json").read_text()))
+    assert set(readings) == {"vLLM", "SGLang (Llama family)", "SGLang (DeepSeek-V3/Kimi family)"}
+    assert all(layers == [1, 14, 26] for layers in readings.values())
+    # Custom layers starting at 1 read the same everywhere; any other first layer shifts in DeepSeek-V3.
+    check_engines_agree([1, 5, 20])
+    for custom in ([2, 15, 27], [0, 14, 26]):
+        with pytest.raises(DrafterError, match=r"\(DeepSeek-V3/Kimi family\) would feed the drafter layers"):
+            check_engines_agree(custom)
+        with pytest.raises(DrafterError, match="starting at layer 1"):
+            export_drafter(random_drafter(model_dir, custom), tmp_path / "custom")
+    assert not (tmp_path / "custom" / "config.json").exists()
+
+
+def test_loading_refuses_a_config_engines_read_differently(model_dir, tmp_path):
+    export_drafter(random_drafter(model_dir, [1, 14, 26]), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    misread = {**config, "eagle_aux_hidden_state_layer_ids": [1, 14, 26]}  # vLLM: outputs of 0, 13, 25
+    (tmp_path / "config.json").write_text(json.dumps(misread))
+    with pytest.raises(DrafterError, match="engines would read different aux layers"):
+        load_exported(tmp_path, model_dir)
 
 
 @pytest.mark.slow
