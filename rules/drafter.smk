@@ -41,6 +41,7 @@ rule evaluate_drafter:
         eval=results("drafter/eval.json"),
     params:
         target=TARGET_DIR,
+        datasets=DATASETS,  # one per tokens/token_stats input, in their order
         # What is measured; where it runs (eval.device, eval.dtype) is read from the config by the script.
         settings={k: v for k, v in config["eval"].items() if k not in ("device", "dtype")},
     log:

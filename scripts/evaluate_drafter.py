@@ -11,17 +11,24 @@ from eaglepipe.jobs import snakemake_job
 with snakemake_job(snakemake) as log:
     settings = snakemake.params.settings
     holdout_ids = json.loads(Path(snakemake.input.report).read_text())["holdout_ids"]
-    prompts = holdout_prompts(
-        [Path(p) for p in snakemake.input.tokens], [Path(p) for p in snakemake.input.token_stats], holdout_ids
-    )
+    prompts, prompt_sets = [], []
+    for ds, tokens, stats in zip(
+        snakemake.params.datasets, snakemake.input.tokens, snakemake.input.token_stats, strict=True
+    ):
+        held_out = holdout_prompts([Path(tokens)], [Path(stats)], holdout_ids)
+        prompts += held_out
+        prompt_sets += [ds] * len(held_out)
     result = evaluate(
         Path(snakemake.input.config).parent,
         Path(snakemake.params.target),
         [ids for _, ids in prompts],
+        prompt_ids=[pid for pid, _ in prompts],
+        prompt_sets=prompt_sets,
         num_steps=settings["num_steps"],
         topk=settings["topk"],
         num_draft_tokens=settings["num_draft_tokens"],
         max_new_tokens=settings["max_new_tokens"],
+        batch_size=settings["batch_size"],
         device=snakemake.config["eval"]["device"],
         dtype=snakemake.config["eval"]["dtype"],
     )

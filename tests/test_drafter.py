@@ -18,6 +18,7 @@ from eaglepipe.drafter.evaluate import (
     PromptLookupProposer,
     evaluate,
     speculative_generate,
+    speculative_generate_batch,
     untrained_like,
 )
 from eaglepipe.drafter.export import (
@@ -454,14 +455,44 @@ def test_speculative_decoding_reproduces_greedy_for_every_method(trained, target
 
 
 @pytest.mark.slow
+def test_batched_rows_verify_exactly_as_one_prompt_at_a_time(trained, target, model_dir):
+    """Rows of different lengths that accept different drafts and stop at different rounds share forwards."""
+    model, tokenizer = target
+    stop = stop_token_id(tokenizer)
+    drafter = load_exported(trained[0], model_dir)
+    questions = ["Why is the sun hot?", "What is 2+2? Answer with a number only.", "Tell me about cats.",
+                 "Count from one to ten, then list the days of the week."]
+    prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    assert len({len(p) for p in prompts}) == len(prompts)
+    for make in (lambda: EagleProposer(drafter), PromptLookupProposer):
+        alone = [speculative_generate(model, p, make(), num_steps=3, max_new_tokens=20, stop_id=stop)
+                 for p in prompts]
+        batched = speculative_generate_batch(model, prompts, [make() for _ in prompts], num_steps=3,
+                                             max_new_tokens=20, stop_id=stop)
+        assert batched == alone
+        assert len({run.target_forwards for run in alone}) > 1  # the rows really finish at different rounds
+        assert any(run.accepted_drafts for run in alone)
+
+
+@pytest.mark.slow
 def test_evaluate_reports_every_method(trained, model_dir, target):
     _, tokenizer = target
-    prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": "Count from one to five."}])]
-    report = evaluate(trained[0], model_dir, prompts, max_new_tokens=12)
+    questions = ["Count from one to five.", "Why is the sun hot?"]
+    prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    report = evaluate(trained[0], model_dir, prompts, prompt_ids=["count", "sun"], prompt_sets=["a", "b"],
+                      max_new_tokens=12, batch_size=2)
     for name in ("eagle3", "eagle3_untrained", "prompt_lookup"):
         method = report["methods"][name]
         assert method["acceptance_length"] >= 1.0 and method["tokens"] >= method["target_forwards"] >= 1
-        assert method["per_prompt"][0]["tokens"] == method["tokens"]
-    assert report["held_out_prompts"] == 1 and report["outputs_identical_across_methods"] is True
+        assert sum(p["tokens"] for p in method["per_prompt"]) == method["tokens"]
+        assert method["accepted_drafts"] == sum(method["accepted_per_position"])
+        assert method["acceptance_rate_per_position"] == [
+            round(a / method["target_forwards"], 4) for a in method["accepted_per_position"]
+        ]
+        for ds, figures in zip(("a", "b"), method["per_prompt"], strict=True):
+            assert report["per_set"][ds][name] == figures
+    assert report["prompts"] == [{"id": "count", "set": "a"}, {"id": "sun", "set": "b"}]
+    assert report["k"] == 3 and report["engine"].startswith("eaglepipe draft-and-verify loop")
+    assert report["held_out_prompts"] == 2 and report["outputs_identical_across_methods"] is True
     with pytest.raises(DrafterError, match="topk 1"):
         evaluate(trained[0], model_dir, prompts, topk=2)
