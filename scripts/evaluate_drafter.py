@@ -21,13 +21,15 @@ with snakemake_job(snakemake) as log:
         Path(snakemake.params.drafter_dir),
         Path(snakemake.params.target),
         [ids for _, _, ids in prompts],
+        prompt_ids=[pid for _, pid, _ in prompts],
+        prompt_sets=[dataset for dataset, _, _ in prompts],
         num_steps=settings["num_steps"],
         topk=settings["topk"],
         num_draft_tokens=settings["num_draft_tokens"],
         max_new_tokens=settings["max_new_tokens"],
+        batch_size=settings["batch_size"],
         device=snakemake.config["eval"]["device"],
         dtype=snakemake.config["eval"]["dtype"],
-        labels=[{"prompt_id": pid, "set": dataset} for dataset, pid, _ in prompts],
     )
     write_json(Path(snakemake.output.eval), {**result, "prompt_ids": [pid for _, pid, _ in prompts]})
     log.info("acceptance lengths: %s", {m: r["acceptance_length"] for m, r in result["methods"].items()})

@@ -18,9 +18,16 @@ from eaglepipe.drafter.evaluate import (
     PromptLookupProposer,
     evaluate,
     speculative_generate,
+    speculative_generate_batch,
     untrained_like,
 )
-from eaglepipe.drafter.export import config_json, export_drafter, load_exported
+from eaglepipe.drafter.export import (
+    aux_layers_as_read,
+    check_engines_agree,
+    config_json,
+    export_drafter,
+    load_exported,
+)
 from eaglepipe.drafter.frozen import load_target_embeddings, read_target_config
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.train import (
@@ -352,13 +359,18 @@ def test_settings_name_the_bad_field():
 
 
 @pytest.mark.slow
-def test_training_reduces_the_loss_and_exports(trained):
+def test_training_reduces_the_loss_and_exports(trained, model_dir):
     out_dir, report = trained
     losses = [point["loss"] for point in report["loss_curve"]]
     assert report["steps"] == 12 and losses[-1] < 0.7 * losses[0]
     assert len(report["ttt_accuracy"]) == 3 and all(0 <= a <= 1 for a in report["ttt_accuracy"])
     assert report["held_out_prompt_ids"] == sorted(HELD_OUT) and report["train_samples"] == 6
-    assert {p.name for p in out_dir.iterdir()} == {"config.json", "model.safetensors"}
+    assert {p.name for p in out_dir.iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    readme = (out_dir / "README.md").read_text()
+    speculative = f'{{"method": "eagle3", "model": "{out_dir}", "num_speculative_tokens": 3}}'
+    assert f"vllm serve {model_dir} --speculative-config '{speculative}'" in readme
+    assert f"--model-path {model_dir} --speculative-algorithm EAGLE3" in readme
+    assert f"--speculative-draft-model-path {out_dir} --speculative-num-steps 3" in readme
 
 
 def test_export_layout_and_fused_reload_reproduce_logits(model_dir, aux_layer_ids, tmp_path):
@@ -378,6 +390,7 @@ def test_export_layout_and_fused_reload_reproduce_logits(model_dir, aux_layer_id
         "eagle_aux_hidden_state_layer_ids": [1, 14, 26],
         "use_aux_hidden_state": True,
     }
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]  # vLLM's input-of-layer ids
     hf = AutoConfig.from_pretrained(tmp_path)
     assert (hf.model_type, hf.num_hidden_layers, hf.draft_vocab_size, hf.head_dim) == ("llama", 1, 256, 64)
 
@@ -392,6 +405,30 @@ def test_export_layout_and_fused_reload_reproduce_logits(model_dir, aux_layer_id
         a, _ = drafter(ids[:, -1:], ha[:, -1:], caches[0])
         b, _ = served(ids[:, -1:], hb[:, -1:], caches[1])
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_every_engine_reads_the_exported_aux_layers_as_trained(model_dir, tmp_path):
+    export_drafter(random_drafter(model_dir, [1, 14, 26]), tmp_path)
+    readings = aux_layers_as_read(json.loads((tmp_path / "config.json").read_text()))
+    assert set(readings) == {"vLLM", "SGLang (Llama family)", "SGLang (DeepSeek-V3/Kimi family)"}
+    assert all(layers == [1, 14, 26] for layers in readings.values())
+    # Custom layers starting at 1 read the same everywhere; any other first layer shifts in DeepSeek-V3.
+    check_engines_agree([1, 5, 20])
+    for custom in ([2, 15, 27], [0, 14, 26]):
+        with pytest.raises(DrafterError, match=r"\(DeepSeek-V3/Kimi family\) would feed the drafter layers"):
+            check_engines_agree(custom)
+        with pytest.raises(DrafterError, match="starting at layer 1"):
+            export_drafter(random_drafter(model_dir, custom), tmp_path / "custom")
+    assert not (tmp_path / "custom" / "config.json").exists()
+
+
+def test_loading_refuses_a_config_engines_read_differently(model_dir, tmp_path):
+    export_drafter(random_drafter(model_dir, [1, 14, 26]), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    misread = {**config, "eagle_aux_hidden_state_layer_ids": [1, 14, 26]}  # vLLM: outputs of 0, 13, 25
+    (tmp_path / "config.json").write_text(json.dumps(misread))
+    with pytest.raises(DrafterError, match="engines would read different aux layers"):
+        load_exported(tmp_path, model_dir)
 
 
 @pytest.mark.slow
@@ -418,14 +455,44 @@ def test_speculative_decoding_reproduces_greedy_for_every_method(trained, target
 
 
 @pytest.mark.slow
+def test_batched_rows_verify_exactly_as_one_prompt_at_a_time(trained, target, model_dir):
+    """Rows of different lengths that accept different drafts and stop at different rounds share forwards."""
+    model, tokenizer = target
+    stop = stop_token_id(tokenizer)
+    drafter = load_exported(trained[0], model_dir)
+    questions = ["Why is the sun hot?", "What is 2+2? Answer with a number only.", "Tell me about cats.",
+                 "Count from one to ten, then list the days of the week."]
+    prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    assert len({len(p) for p in prompts}) == len(prompts)
+    for make in (lambda: EagleProposer(drafter), PromptLookupProposer):
+        alone = [speculative_generate(model, p, make(), num_steps=3, max_new_tokens=20, stop_id=stop)
+                 for p in prompts]
+        batched = speculative_generate_batch(model, prompts, [make() for _ in prompts], num_steps=3,
+                                             max_new_tokens=20, stop_id=stop)
+        assert batched == alone
+        assert len({run.target_forwards for run in alone}) > 1  # the rows really finish at different rounds
+        assert any(run.accepted_drafts for run in alone)
+
+
+@pytest.mark.slow
 def test_evaluate_reports_every_method(trained, model_dir, target):
     _, tokenizer = target
-    prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": "Count from one to five."}])]
-    report = evaluate(trained[0], model_dir, prompts, max_new_tokens=12)
+    questions = ["Count from one to five.", "Why is the sun hot?"]
+    prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    report = evaluate(trained[0], model_dir, prompts, prompt_ids=["count", "sun"], prompt_sets=["a", "b"],
+                      max_new_tokens=12, batch_size=2)
     for name in ("eagle3", "eagle3_untrained", "prompt_lookup"):
         method = report["methods"][name]
         assert method["acceptance_length"] >= 1.0 and method["tokens"] >= method["target_forwards"] >= 1
-        assert method["per_prompt"][0]["tokens"] == method["tokens"]
-    assert report["held_out_prompts"] == 1 and report["outputs_identical_across_methods"] is True
+        assert sum(p["tokens"] for p in method["per_prompt"]) == method["tokens"]
+        assert method["accepted_drafts"] == sum(method["accepted_per_position"])
+        assert method["acceptance_rate_per_position"] == [
+            round(a / method["target_forwards"], 4) for a in method["accepted_per_position"]
+        ]
+        for ds, figures in zip(("a", "b"), method["per_prompt"], strict=True):
+            assert report["per_set"][ds][name] == figures
+    assert report["prompts"] == [{"id": "count", "set": "a"}, {"id": "sun", "set": "b"}]
+    assert report["k"] == 3 and report["engine"].startswith("eaglepipe draft-and-verify loop")
+    assert report["held_out_prompts"] == 2 and report["outputs_identical_across_methods"] is True
     with pytest.raises(DrafterError, match="topk 1"):
         evaluate(trained[0], model_dir, prompts, topk=2)

@@ -39,7 +39,7 @@ def test_every_artifact_exists(tiny_pipeline):
         manifest = json.loads((results / ds / "hidden.done").read_text())
         assert manifest["num_samples"] == len(PROMPTS[ds])
         assert all((results / ds / s["path"]).is_file() for s in manifest["shards"])
-    for name in ("config.json", "model.safetensors", "train.json", "eval.json"):
+    for name in ("config.json", "model.safetensors", "train.json", "eval.json", "README.md"):
         assert (results / "drafter" / name).is_file()
     assert json.loads((results / "drafter" / "config.json").read_text())["architectures"] == [
         "LlamaForCausalLMEagle3"
@@ -74,6 +74,10 @@ def test_evaluation_uses_held_out_prompts_only(tiny_pipeline):
     evaluation = json.loads((tiny_pipeline / RESULTS_ROOT / "drafter" / "eval.json").read_text())
     assert len(train["holdout_ids"]) == 2
     assert sorted(evaluation["prompt_ids"]) == sorted(train["holdout_ids"])
+    assert [p["id"] for p in evaluation["prompts"]] == evaluation["prompt_ids"]
+    sets = sorted({p["set"] for p in evaluation["prompts"]})
+    assert sorted(evaluation["per_set"]) == sets == sorted(PROMPTS)
+    assert evaluation["k"] == 3 and evaluation["engine"].startswith("eaglepipe")
     # Speculation must not change the output: every method emits the target's own greedy tokens.
     assert evaluation["outputs_identical_across_methods"] is True
     methods = evaluation["methods"]
@@ -108,7 +112,7 @@ def test_real_config_files_change_nothing_the_embedded_run_plans(tiny_pipeline):
     endpoint = {"tag": "x/int4", "provider_name": "X", "pricing": {"prompt": "1e-6", "completion": "3e-6"}}
     (real / "providers.json").write_text(json.dumps({"model": "moonshotai/kimi-k2.5", "kept": [endpoint]}))
     (real / "drafter").mkdir()
-    for name in ("config.json", "model.safetensors", "train.json", "eval.json"):
+    for name in ("config.json", "model.safetensors", "train.json", "eval.json", "README.md"):
         (real / "drafter" / name).write_text("{}")
     (real / "B1").mkdir()
     for name in ("responses.jsonl", "tokens.safetensors", "tokens.json", "hidden.done"):

@@ -102,7 +102,7 @@ def test_outputs_say_what_they_are(tiny_pipeline):
                 "prompt_ids"]
         }
         assert {e["set"] for e in method["per_prompt"]} == set(PROMPTS)
-        assert len(method["acceptance_by_position"]) == evaluation["settings"]["num_steps"]
+        assert len(method["acceptance_rate_per_position"]) == evaluation["settings"]["num_steps"]
     summary = json.loads((results / "tiny-a" / "responses.summary.json").read_text())
     assert summary["emulated"] is True and "nothing was bought" in summary["notes"]["emulated"]
     assert "max_tokens (12)" in summary["notes"]["truncated"]

@@ -8,7 +8,6 @@ alignment: after the target has verified position t, the drafter consumes (aux[t
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +20,11 @@ from transformers import DynamicCache
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.export import load_exported
 from eaglepipe.drafter.model import DraftCache, Eagle3Drafter
-from eaglepipe.progress import StepProgress
 from eaglepipe.target.chat import stop_token_id
 from eaglepipe.target.load import load_target
 
 PROMPT_LOOKUP_MAX_NGRAM = 3
-
-log = logging.getLogger(__name__)
+ENGINE = "eaglepipe draft-and-verify loop (transformers target, greedy, one draft chain)"
 
 
 class Proposer(Protocol):
@@ -81,12 +78,64 @@ class PromptLookupProposer:
 class Generation:
     tokens: list[int]  # generated ids, the stop token included when reached
     target_forwards: int  # verify forwards; the prefill is not counted
-    accepted: list[int]  # drafts accepted in each verify forward
+    # Per draft position i: verify forwards that accepted the draft at i (and so every draft before it).
+    # Drafts cut afterwards by the stop token or max_new_tokens count, as in vLLM's metrics.
+    accepted_per_position: list[int]
 
     @property
     def verified_tokens(self) -> int:
         """Tokens the verify forwards emitted: all but the first, which the prefill produced."""
         return max(len(self.tokens) - 1, 0)
+
+    @property
+    def accepted_drafts(self) -> int:
+        return sum(self.accepted_per_position)
+
+
+class SharedTargetCache:
+    """One KV cache for a batch of rows that accept different numbers of drafts.
+
+    Every forward appends the same number of slots to every row; the slots a row does not keep (padding,
+    rejected drafts) stay in the cache but are masked out of every later forward, so each row attends to
+    exactly the tokens it would have in a cache of its own.
+    """
+
+    def __init__(self, target: Any, aux_layer_ids: list[int] | None) -> None:
+        self.target = target
+        self.aux_layer_ids = aux_layer_ids
+        self.cache = DynamicCache()
+        self.kept = torch.zeros(0, 0, dtype=torch.bool, device=target.device)  # [rows, slots]
+
+    def forward(self, rows: list[list[int]], positions: list[int]) -> tuple[Tensor, Tensor | None]:
+        """(logits [B, W, V], aux [B, W, 3H] or None) for each row's ids, right-padded to width W.
+
+        `positions[b]` is the position of row b's first id. Every new slot is kept until `keep` says how
+        many of them its row keeps.
+        """
+        device = self.target.device
+        width = max(len(ids) for ids in rows)
+        ids = torch.tensor([ids + [0] * (width - len(ids)) for ids in rows], device=device)
+        position_ids = torch.tensor(positions, device=device)[:, None] + torch.arange(width, device=device)
+        past = self.kept.shape[1]
+        fresh = torch.ones(ids.shape, dtype=torch.bool, device=device)
+        self.kept = torch.cat((self.kept.reshape(len(rows), past), fresh), dim=1)
+        query_slots = torch.arange(past, past + width, device=device)
+        causal = torch.arange(past + width, device=device)[None, :] <= query_slots[:, None]
+        out = self.target(
+            input_ids=ids,
+            attention_mask=(causal[None] & self.kept[:, None, :])[:, None],  # [B, 1, W, slots]
+            position_ids=position_ids,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=self.aux_layer_ids is not None,
+        )
+        if self.aux_layer_ids is None:
+            return out.logits, None
+        return out.logits, torch.cat([out.hidden_states[i + 1] for i in self.aux_layer_ids], dim=-1)
+
+    def keep(self, row: int, width: int, kept: int) -> None:
+        """Row `row` keeps the first `kept` of the `width` slots the last forward appended."""
+        self.kept[row, self.kept.shape[1] - width + kept :] = False
 
 
 @torch.no_grad()
@@ -100,25 +149,69 @@ def speculative_generate(
     stop_id: int,
 ) -> Generation:
     """Greedy decoding of `target`, verifying the proposer's drafts in one forward per round."""
-    cache = DynamicCache()
-    logits, aux = _target_forward(target, prompt_ids, cache, proposer.aux_layer_ids)
-    tokens = [*prompt_ids, int(logits[-1].argmax())]
-    accepted_per_round: list[int] = []
-    while len(tokens) - len(prompt_ids) < max_new_tokens and tokens[-1] != stop_id:
-        drafts = proposer.propose(tokens, aux, num_steps)[:num_steps]
-        logits, aux = _target_forward(target, [tokens[-1], *drafts], cache, proposer.aux_layer_ids)
-        greedy = logits.argmax(-1).tolist()
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == greedy[accepted]:
-            accepted += 1
-        accepted_per_round.append(accepted)
-        cache.crop(-(len(drafts) - accepted))  # the rejected drafts; crop(-0) keeps everything
-        aux = None if aux is None else aux[: accepted + 1]
-        for token in [*drafts[:accepted], greedy[accepted]]:
-            tokens.append(token)
-            if token == stop_id or len(tokens) - len(prompt_ids) == max_new_tokens:
-                break
-    return Generation(tokens[len(prompt_ids) :], len(accepted_per_round), accepted_per_round)
+    return speculative_generate_batch(
+        target, [prompt_ids], [proposer], num_steps=num_steps, max_new_tokens=max_new_tokens, stop_id=stop_id
+    )[0]
+
+
+@torch.no_grad()
+def speculative_generate_batch(
+    target: Any,
+    prompts: list[list[int]],
+    proposers: list[Proposer],
+    *,
+    num_steps: int,
+    max_new_tokens: int,
+    stop_id: int,
+) -> list[Generation]:
+    """`speculative_generate` for many prompts at once: one target forward per round verifies every row.
+
+    Each row accepts its own drafts; a row that has finished rides along without being kept.
+    """
+    aux_layer_ids = next((p.aux_layer_ids for p in proposers if p.aux_layer_ids is not None), None)
+    shared = SharedTargetCache(target, aux_layer_ids)
+    logits, aux = shared.forward(prompts, [0] * len(prompts))
+    tokens, new_aux = [], []
+    for row, prompt in enumerate(prompts):
+        shared.keep(row, logits.shape[1], len(prompt))
+        tokens.append([*prompt, int(logits[row, len(prompt) - 1].argmax())])
+        new_aux.append(None if aux is None else aux[row, : len(prompt)])
+    forwards = [0] * len(prompts)
+    accepted_per_position = [[0] * num_steps for _ in prompts]
+
+    def unfinished(row: int) -> bool:
+        return len(tokens[row]) - len(prompts[row]) < max_new_tokens and tokens[row][-1] != stop_id
+
+    while any(unfinished(row) for row in range(len(prompts))):
+        active = [unfinished(row) for row in range(len(prompts))]
+        drafts = [
+            proposers[row].propose(tokens[row], new_aux[row], num_steps)[:num_steps] if active[row] else []
+            for row in range(len(prompts))
+        ]
+        inputs = [[tokens[row][-1], *drafts[row]] for row in range(len(prompts))]
+        logits, aux = shared.forward(inputs, [len(t) - 1 for t in tokens])
+        for row, row_drafts in enumerate(drafts):
+            if not active[row]:
+                shared.keep(row, logits.shape[1], 0)
+                continue
+            greedy = logits[row, : len(inputs[row])].argmax(-1).tolist()
+            accepted = 0
+            while accepted < len(row_drafts) and row_drafts[accepted] == greedy[accepted]:
+                accepted_per_position[row][accepted] += 1
+                accepted += 1
+            forwards[row] += 1
+            shared.keep(row, logits.shape[1], accepted + 1)
+            new_aux[row] = None if aux is None else aux[row, : accepted + 1]
+            for token in [*row_drafts[:accepted], greedy[accepted]]:
+                tokens[row].append(token)
+                if token == stop_id or len(tokens[row]) - len(prompts[row]) == max_new_tokens:
+                    break
+    return [
+        Generation(row_tokens[len(prompt) :], row_forwards, row_accepted)
+        for row_tokens, prompt, row_forwards, row_accepted in zip(
+            tokens, prompts, forwards, accepted_per_position, strict=True
+        )
+    ]
 
 
 def evaluate(
@@ -126,18 +219,22 @@ def evaluate(
     target_dir: Path,
     prompts: list[list[int]],
     *,
+    prompt_ids: list[str] | None = None,
+    prompt_sets: list[str] | None = None,
     num_steps: int = 3,
     topk: int = 1,
     num_draft_tokens: int = 4,
     max_new_tokens: int = 128,
+    batch_size: int = 16,
     seed: int = 0,
     device: str = "cpu",
     dtype: str = "float32",
-    labels: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """eval.json: acceptance of the exported drafter, an untrained one and prompt lookup on `prompts`.
 
-    `labels[i]` (the prompt's id and set) is copied into its per-prompt entries, so they can be traced."""
+    Each method runs its prompts `batch_size` at a time through one shared target forward per round.
+    `prompt_ids`/`prompt_sets` (one per prompt) label the prompts and give the per-set figures.
+    """
     if topk != 1 or num_draft_tokens != num_steps + 1:
         raise DrafterError(
             f"evaluation drafts one chain: use topk 1 and num_draft_tokens = num_steps + 1 "
@@ -154,25 +251,28 @@ def evaluate(
         "eagle3_untrained": lambda: EagleProposer(untrained),
         "prompt_lookup": PromptLookupProposer,
     }
-    labels = labels or [{} for _ in prompts]
     report: dict[str, dict[str, Any]] = {}
     outputs: dict[str, list[list[int]]] = {}
-    progress = StepProgress(log, "evaluation", len(methods) * len(prompts), unit="generations")
+    runs_by_method: dict[str, list[Generation]] = {}
+    # Each per-prompt entry names its prompt, so a figure or a reader can trace it to its set.
+    labels: list[dict[str, str]] = (
+        [{"prompt_id": pid, "set": ds} for pid, ds in zip(prompt_ids, prompt_sets, strict=True)]
+        if prompt_ids is not None and prompt_sets is not None
+        else [{} for _ in prompts]
+    )
     for name, make_proposer in methods.items():
         started = time.perf_counter()
-        runs = []
-        for prompt in prompts:
-            runs.append(
-                speculative_generate(
-                    target,
-                    prompt,
-                    make_proposer(),
-                    num_steps=num_steps,
-                    max_new_tokens=max_new_tokens,
-                    stop_id=stop_id,
-                )
+        runs: list[Generation] = []
+        for first in range(0, len(prompts), batch_size):
+            batch = prompts[first : first + batch_size]
+            runs += speculative_generate_batch(
+                target,
+                batch,
+                [make_proposer() for _ in batch],
+                num_steps=num_steps,
+                max_new_tokens=max_new_tokens,
+                stop_id=stop_id,
             )
-            progress.advance(1, len(runs[-1].tokens))
         report[name] = {
             **_acceptance(runs, num_steps),
             "seconds": round(time.perf_counter() - started, 2),
@@ -181,21 +281,35 @@ def evaluate(
             ],
         }
         outputs[name] = [run.tokens for run in runs]
-    return {
+        runs_by_method[name] = runs
+    result: dict[str, Any] = {
         "methods": report,
         "held_out_prompts": len(prompts),
         "outputs_identical_across_methods": len({str(o) for o in outputs.values()}) == 1,
+        "k": num_steps,
+        "engine": ENGINE,
         "settings": {
             "num_steps": num_steps,
             "topk": topk,
             "num_draft_tokens": num_draft_tokens,
             "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
             "seed": seed,
             "decoding": "greedy",
             "device": str(target.device),
             "dtype": dtype,
         },
     }
+    if prompt_ids is not None and prompt_sets is not None:
+        result["prompts"] = [{"id": pid, "set": ds} for pid, ds in zip(prompt_ids, prompt_sets, strict=True)]
+        result["per_set"] = {
+            ds: {
+                name: _acceptance([r for r, s in zip(runs, prompt_sets, strict=True) if s == ds], num_steps)
+                for name, runs in runs_by_method.items()
+            }
+            for ds in dict.fromkeys(prompt_sets)
+        }
+    return result
 
 
 def untrained_like(drafter: Eagle3Drafter, seed: int) -> Eagle3Drafter:
@@ -207,32 +321,20 @@ def untrained_like(drafter: Eagle3Drafter, seed: int) -> Eagle3Drafter:
     return fresh.to(drafter.embed_tokens.weight.dtype).eval()
 
 
-def _target_forward(
-    target: Any, ids: list[int], cache: DynamicCache, aux_layer_ids: list[int] | None
-) -> tuple[Tensor, Tensor | None]:
-    """(logits [n, V], aux [n, 3H] or None) for `ids` appended to the cached context."""
-    out = target(
-        input_ids=torch.tensor([ids], device=target.device),
-        cache=cache,
-        use_cache=True,
-        output_hidden_states=aux_layer_ids is not None,
-    )
-    if aux_layer_ids is None:
-        return out.logits[0], None
-    return out.logits[0], torch.cat([out.hidden_states[i + 1][0] for i in aux_layer_ids], dim=-1)
-
-
 def _acceptance(runs: list[Generation], num_steps: int) -> dict[str, Any]:
-    """Acceptance length, and per draft position k the share of verify forwards that accepted drafts
-    1..k (the rate SGLang's speculative metrics report per position)."""
+    """Our acceptance length (emitted tokens per verify forward) and vLLM's counts for the same runs.
+
+    vLLM's mean acceptance length is 1 + accepted_drafts / target_forwards; it exceeds ours only by the
+    accepted drafts that the stop token or max_new_tokens cut, all in each prompt's last verify forward.
+    """
     tokens = sum(run.verified_tokens for run in runs)
-    rounds = [accepted for run in runs for accepted in run.accepted]
+    forwards = sum(run.target_forwards for run in runs)
+    accepted = [sum(run.accepted_per_position[i] for run in runs) for i in range(num_steps)]
     return {
-        "acceptance_length": round(tokens / len(rounds), 4) if rounds else None,
-        "acceptance_by_position": [
-            round(sum(accepted > k for accepted in rounds) / len(rounds), 4) if rounds else None
-            for k in range(num_steps)
-        ],
-        "target_forwards": len(rounds),
+        "acceptance_length": round(tokens / forwards, 4) if forwards else None,
+        "target_forwards": forwards,
         "tokens": tokens,
+        "accepted_drafts": sum(accepted),
+        "accepted_per_position": accepted,
+        "acceptance_rate_per_position": [round(a / forwards, 4) if forwards else None for a in accepted],
     }

@@ -33,7 +33,47 @@ STACKED_PARAMS = (
 )
 
 
+def aux_layers_as_read(config: dict[str, Any]) -> dict[str, list[int]]:
+    """The target layers (output-of-layer ids) whose outputs each engine feeds the drafter of `config`.
+
+    The engines number the same tensors differently (docs/drafter.md, "Aux-layer ids"): vLLM reads the
+    top-level key first and uses the ids as input-of-layer ids; SGLang reads `eagle_config`, and its
+    Llama family always adds 1 while its DeepSeek-V3 family (Kimi-K2.5) adds 1 only when the first id is 1.
+    """
+    nested = list(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    top_level = list(config.get("eagle_aux_hidden_state_layer_ids", nested))
+    return {
+        "vLLM": [i - 1 for i in top_level],
+        "SGLang (Llama family)": nested,
+        "SGLang (DeepSeek-V3/Kimi family)": nested if nested[0] == 1 else [i - 1 for i in nested],
+    }
+
+
+def check_engines_agree(aux_layer_ids: tuple[int, ...] | list[int]) -> None:
+    """Refuse aux layers that some engine would silently read as other layers."""
+    readings = aux_layers_as_read(_aux_layer_keys(aux_layer_ids))
+    for engine, layers in readings.items():
+        if layers != list(aux_layer_ids):
+            raise DrafterError(
+                f"aux layers {list(aux_layer_ids)}: {engine} would feed the drafter layers {layers} "
+                "(its DeepSeek-V3/Kimi family adds 1 to the ids only when the first is 1): "
+                "choose aux layers starting at layer 1, as the default [1, N//2-1, N-4] does"
+            )
+
+
+def _aux_layer_keys(aux_layer_ids: tuple[int, ...] | list[int]) -> dict[str, Any]:
+    """Output-of-layer ids in `eagle_config` (SGLang, SpecForge), the same tensors +1 at top level (vLLM)."""
+    return {
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in aux_layer_ids],
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
+            "use_aux_hidden_state": True,
+        },
+    }
+
+
 def config_json(config: Eagle3Config) -> dict[str, Any]:
+    check_engines_agree(config.aux_layer_ids)
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -52,10 +92,7 @@ def config_json(config: Eagle3Config) -> dict[str, Any]:
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
         "tie_word_embeddings": False,
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
-            "use_aux_hidden_state": True,
-        },
+        **_aux_layer_keys(config.aux_layer_ids),
         "torch_dtype": config.torch_dtype,
     }
 
@@ -73,6 +110,36 @@ def export_drafter(model: Eagle3Drafter, out_dir: Path) -> None:
     metadata = {"format": "pt"}
     atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
     write_json(out_dir / "config.json", config_json(model.config))
+
+
+def write_serving_readme(out_dir: Path, target: str, *, num_steps: int = 3) -> None:
+    """README.md beside the checkpoint: the exact commands that serve it with its target (vLLM, SGLang)."""
+    out_dir = Path(out_dir)
+    config = json.loads((out_dir / "config.json").read_text())
+    layers = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    vllm_layers = config["eagle_aux_hidden_state_layer_ids"]
+    speculative = json.dumps({"method": "eagle3", "model": str(out_dir), "num_speculative_tokens": num_steps})
+    text = f"""# EAGLE-3 drafter for `{target}`
+
+`config.json` and `model.safetensors` ({ARCHITECTURE}; the server takes the embedding from the target).
+Aux layers: outputs of target layers {layers}, written as `eagle_config.eagle_aux_hidden_state_layer_ids`
+{layers} (SGLang, SpecForge) and top-level `eagle_aux_hidden_state_layer_ids` {vllm_layers} (vLLM's
+input-of-layer ids). Run these from the pipeline's working directory; `eval.json` beside this file
+has the acceptance measured with {num_steps} draft tokens per step.
+
+vLLM:
+```
+vllm serve {target} --speculative-config '{speculative}'
+```
+
+SGLang:
+```
+python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\
+  --speculative-draft-model-path {out_dir} --speculative-num-steps {num_steps} \\
+  --speculative-eagle-topk 1 --speculative-num-draft-tokens {num_steps + 1}
+```
+"""
+    atomic_write(out_dir / "README.md", lambda tmp: tmp.write_text(text))
 
 
 def load_exported(drafter_dir: Path, target_dir: Path, *, dtype: str = "float32") -> Eagle3Drafter:
@@ -177,6 +244,14 @@ def _config_from_json(path: Path) -> Eagle3Config:
         raise DrafterError(f"{path}: cannot read the drafter config ({err}): export a drafter") from None
     if raw.get("architectures") != [ARCHITECTURE] or raw.get("num_hidden_layers") != 1:
         raise DrafterError(f"{path}: not a one-layer {ARCHITECTURE} config: export it with eaglepipe")
+    try:
+        readings = aux_layers_as_read(raw)
+    except (KeyError, TypeError, IndexError):
+        raise DrafterError(
+            f"{path}: lacks eagle_config.eagle_aux_hidden_state_layer_ids: re-export it"
+        ) from None
+    if len({str(layers) for layers in readings.values()}) != 1:
+        raise DrafterError(f"{path}: engines would read different aux layers {readings}: re-export it")
     try:
         return Eagle3Config(
             **{

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.data import Sample, SampleRef, load_samples, open_hidden_data
-from eaglepipe.drafter.export import export_drafter
+from eaglepipe.drafter.export import check_engines_agree, export_drafter, write_serving_readme
 from eaglepipe.drafter.frozen import load_target_embeddings, read_target_config
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.vocab import build_draft_vocab
@@ -89,6 +89,7 @@ def train_drafter(
     config = Eagle3Config.from_target(
         read_target_config(target_dir), settings.draft_vocab_size, data.aux_layer_ids, settings.dtype
     )
+    check_engines_agree(config.aux_layer_ids)  # before training, not after
     if data.hidden_size != config.target_hidden_size:
         raise DrafterError(
             f"hidden states have width {data.hidden_size}, the target {target_dir} has "
@@ -108,6 +109,7 @@ def train_drafter(
     progress = _fit(drafter, teacher, batches, settings)
     fit_seconds = time.perf_counter() - fit_started
     export_drafter(drafter.cpu(), out_dir)
+    write_serving_readme(out_dir, str(target_dir))
     correct, counted = (torch.stack(column).sum(0) for column in zip(*progress.window, strict=True))
     losses = progress.losses
     report = {

@@ -235,7 +235,7 @@ def _set_acceptance(result: dict, dataset: str) -> float:
 def acceptance_by_position(run: RunOutputs) -> Figure:
     methods = (run.eval or {}).get("methods") or {}
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    rates = {name: result.get("acceptance_by_position") for name, result in methods.items()}
+    rates = {name: result.get("acceptance_rate_per_position") for name, result in methods.items()}
     if not any(rates.values()):
         _empty(ax, "no per-position acceptance in eval.json")
         return fig

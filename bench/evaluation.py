@@ -1,0 +1,78 @@
+"""Time the drafter evaluation on a finished run and check its figures against the eval.json already there.
+
+The eval.json beside the drafter (written by whichever code evaluated it, e.g. the one-prompt-at-a-time loop
+before batching) gives the settings and the reference figures; this re-evaluates the same drafter on the
+same held-out prompts with the current code and prints both timings and whether every per-prompt figure
+(acceptance length, verify forwards, tokens) is identical.
+
+    .venv/bin/python bench/evaluation.py --results results/demo \\
+        --target resources/models/smollm2-135m-instruct \\
+        --datasets demo-chat demo-code demo-math demo-multiturn demo-tools
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from eaglepipe.drafter.evaluate import evaluate
+from eaglepipe.drafter.holdout import holdout_prompts
+
+COMPARED = ("acceptance_length", "target_forwards", "tokens")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--results", required=True, type=Path, help="the run's results root")
+    parser.add_argument("--target", required=True, type=Path, help="the target model directory")
+    parser.add_argument("--datasets", required=True, nargs="+", help="the run's sets, in config order")
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args()
+
+    drafter = args.results / "drafter"
+    reference = json.loads((drafter / "eval.json").read_text())
+    holdout_ids = json.loads((drafter / "train.json").read_text())["holdout_ids"]
+    prompts, sets = [], []
+    for ds in args.datasets:
+        held_out = holdout_prompts(
+            [args.results / ds / "tokens.safetensors"], [args.results / ds / "tokens.json"], holdout_ids
+        )
+        prompts += held_out
+        sets += [ds] * len(held_out)
+    settings = reference["settings"]
+    started = time.perf_counter()
+    report = evaluate(
+        drafter,
+        args.target,
+        [ids for _, ids in prompts],
+        prompt_ids=[pid for pid, _ in prompts],
+        prompt_sets=sets,
+        num_steps=settings["num_steps"],
+        topk=settings["topk"],
+        num_draft_tokens=settings["num_draft_tokens"],
+        max_new_tokens=settings["max_new_tokens"],
+        batch_size=args.batch_size,
+        seed=settings["seed"],
+        dtype=settings["dtype"],
+    )
+    total = time.perf_counter() - started
+    k, max_new_tokens = settings["num_steps"], settings["max_new_tokens"]
+    print(f"{len(prompts)} held-out prompts, k {k}, max_new_tokens {max_new_tokens}, batch {args.batch_size}")
+    print(f"{'method':<18} {'eval.json s':>11} {'now s':>7} {'accept len':>10} identical per prompt")
+    for name, method in report["methods"].items():
+        before = reference["methods"][name]
+        same = [
+            {k: ours[k] for k in COMPARED} == {k: theirs[k] for k in COMPARED}
+            for ours, theirs in zip(method["per_prompt"], before["per_prompt"], strict=True)
+        ]
+        print(
+            f"{name:<18} {before['seconds']:>11.2f} {method['seconds']:>7.2f} "
+            f"{method['acceptance_length']:>10} {all(same)} ({sum(same)}/{len(same)})"
+        )
+    print(f"whole evaluation now, models loaded included: {total:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

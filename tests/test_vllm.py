@@ -1,0 +1,94 @@
+"""Real vLLM (CPU build, in .venv-vllm from `make vllm-env`) serves the exported drafter as we evaluate it.
+
+The drafter is trained on the tiny run's hidden states (all eight prompts, so that it accepts often enough for
+a wrong aux layer or a misread weight to show), evaluated by `evaluate` and served by vLLM through
+tools/vllm_drafter.py: vLLM must emit the same greedy tokens with and without it, feed it the intended aux
+layers and count, per prompt and per draft position, the same verify steps and accepted drafts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from tiny_run import PROMPTS, RESULTS_ROOT
+
+from eaglepipe.drafter.evaluate import evaluate
+from eaglepipe.drafter.holdout import holdout_prompts
+from eaglepipe.drafter.train import TrainSettings, train_drafter
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+NUM_STEPS = 3
+MAX_NEW_TOKENS = 16
+
+
+def run_vllm(model_dir: Path, prompts: Path, out: Path, drafter: Path | None = None) -> tuple[dict, str]:
+    """tools/vllm_drafter.py under vLLM's interpreter: (its report, its log)."""
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env`, or deselect with -m 'not vllm'")
+    command = [str(VLLM_PYTHON), str(REPO / "tools" / "vllm_drafter.py"), "--target", str(model_dir),
+               "--prompts", str(prompts), "--out", str(out), "--max-tokens", str(MAX_NEW_TOKENS),
+               "--num-speculative-tokens", str(NUM_STEPS)]
+    if drafter is not None:
+        command += ["--drafter", str(drafter)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=420,
+                         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"})
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(out.read_text()), run.stdout + run.stderr
+
+
+@pytest.fixture(scope="module")
+def served(tiny_pipeline: Path, model_dir: Path, tmp_path_factory) -> dict:
+    root = tiny_pipeline / RESULTS_ROOT
+    work = tmp_path_factory.mktemp("vllm")
+    drafter = work / "drafter"
+    settings = TrainSettings(draft_vocab_size=512, ttt_length=NUM_STEPS, lr=3e-3, epochs=60,
+                             batch_tokens=1024, max_seq_len=256)
+    train_drafter([root / ds / "hidden.done" for ds in PROMPTS], model_dir, drafter, holdout_ids=set(),
+                  settings=settings)
+    prompts = []
+    for ds in PROMPTS:
+        stats = root / ds / "tokens.json"
+        every_id = json.loads(stats.read_text())["prompt_ids"]
+        prompts += [ids for _, ids in holdout_prompts([root / ds / "tokens.safetensors"], [stats], every_id)]
+    report = evaluate(drafter, model_dir, prompts, num_steps=NUM_STEPS, num_draft_tokens=NUM_STEPS + 1,
+                      max_new_tokens=MAX_NEW_TOKENS)
+    (work / "prompts.json").write_text(json.dumps(prompts))
+    plain, _ = run_vllm(model_dir, work / "prompts.json", work / "plain.json")
+    speculative, log = run_vllm(model_dir, work / "prompts.json", work / "speculative.json", drafter)
+    return {"eval": report, "plain": plain, "speculative": speculative, "log": log,
+            "config": json.loads((drafter / "config.json").read_text())}
+
+
+def test_vllm_greedy_output_is_the_same_with_and_without_the_drafter(served):
+    plain, speculative = served["plain"]["outputs"], served["speculative"]["outputs"]
+    assert plain == speculative
+    # Our loop emitted the same number of tokens: the prefill's one plus the verified ones.
+    ours = served["eval"]["methods"]["eagle3"]["per_prompt"]
+    assert [len(out) for out in plain] == [p["tokens"] + 1 for p in ours]
+
+
+def test_vllm_feeds_the_drafter_the_intended_aux_layers(served):
+    intended = served["config"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"]  # output of layer i
+    logged = r"Using auxiliary layers from speculative config: \((\d+), (\d+), (\d+)\)"
+    used = re.findall(logged, served["log"])
+    assert used, "vLLM logged no aux-layer ids:\n" + served["log"][-3000:]
+    assert {tuple(int(i) for i in ids) for ids in used} == {tuple(i + 1 for i in intended)}  # input of layer
+
+
+def test_vllm_counts_the_verify_steps_and_accepted_drafts_of_our_evaluation(served):
+    ours = served["eval"]["methods"]["eagle3"]
+    vllm = served["speculative"]["per_prompt"]
+    assert [p["drafts"] for p in vllm] == [p["target_forwards"] for p in ours["per_prompt"]]
+    assert [p["accepted_drafts"] for p in vllm] == [p["accepted_drafts"] for p in ours["per_prompt"]]
+    ours_per_position = [p["accepted_per_position"] for p in ours["per_prompt"]]
+    assert [p["accepted_per_position"] for p in vllm] == ours_per_position
+    # The drafter accepts often enough that wrong aux layers or weights would change these counts.
+    assert ours["accepted_drafts"] >= ours["target_forwards"]
