@@ -9,7 +9,7 @@ STAMP := $(VENV)/.eaglepipe-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.eaglepipe-vllm-installed
 
-.PHONY: install vllm-env demo test lint envs browser
+.PHONY: install vllm-env demo test test-fast lint envs browser
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ demo: install
 
 test: install browser vllm-env
 	$(BIN)/pytest
+
+# The inner loop: everything but the end-to-end, Slurm and real-vLLM tests (about two minutes).
+test-fast: install
+	$(BIN)/pytest -m "not slow and not slurm and not vllm"
 
 # The report test opens the report in headless Chromium (Debian's `chromium`): installed once, as root
 # (CI runs as root); elsewhere it says what to run.

@@ -111,6 +111,7 @@ def test_the_kubernetes_profile_plans_a_run_through_its_storage_layout(model_dir
         "hidden": 2,
         "train_drafter": 1,
         "evaluate_drafter": 1,
+        "figures": 1,
         "all": 1,
     }
     assert {(r["gpu"], r["gpu_manufacturer"]) for r in job_resources(run, "hidden")} == {("8", "nvidia")}

@@ -116,6 +116,7 @@ def test_a_run_through_slurm_equals_the_local_run(
         "hidden": 2,
         "train_drafter": 1,
         "evaluate_drafter": 1,
+        "figures": 1,
         "all": 1,
     }
     # Each compute job went through sbatch; prompts, providers and generate ran on the submit host.
