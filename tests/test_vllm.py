@@ -2,7 +2,7 @@
 
 The drafter is trained on the tiny run's hidden states (all eight prompts, so that it accepts often enough for
 a wrong aux layer or a misread weight to show), evaluated by `evaluate` and served by vLLM through
-tools/vllm_drafter.py: vLLM must emit the same greedy tokens with and without it, feed it the intended aux
+tests/vllm_drafter.py: vLLM must emit the same greedy tokens with and without it, feed it the intended aux
 layers and count, per prompt and per draft position, the same verify steps and accepted drafts.
 """
 
@@ -30,10 +30,10 @@ MAX_NEW_TOKENS = 16
 
 
 def run_vllm(model_dir: Path, prompts: Path, out: Path, drafter: Path | None = None) -> tuple[dict, str]:
-    """tools/vllm_drafter.py under vLLM's interpreter: (its report, its log)."""
+    """tests/vllm_drafter.py under vLLM's interpreter: (its report, its log)."""
     if not VLLM_PYTHON.exists():
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env`, or deselect with -m 'not vllm'")
-    command = [str(VLLM_PYTHON), str(REPO / "tools" / "vllm_drafter.py"), "--target", str(model_dir),
+    command = [str(VLLM_PYTHON), str(REPO / "tests" / "vllm_drafter.py"), "--target", str(model_dir),
                "--prompts", str(prompts), "--out", str(out), "--max-tokens", str(MAX_NEW_TOKENS),
                "--num-speculative-tokens", str(NUM_STEPS)]
     if drafter is not None:

@@ -1,7 +1,7 @@
 """Greedy generation with real vLLM, with or without an exported EAGLE-3 drafter; what vLLM did, as JSON.
 
 Run it with the vLLM environment's interpreter (`make vllm-env`, then `.venv-vllm/bin/python
-tools/vllm_drafter.py ...`): it imports only vLLM and the standard library, as the project's environment has
+tests/vllm_drafter.py ...`): it imports only vLLM and the standard library, as the project's environment has
 no vLLM and vLLM's has no eaglepipe. Prompts are token ids, sent one at a time so that vLLM's
 speculative-decoding counters can be read per prompt. The aux-layer ids vLLM feeds the drafter are only
 logged by vLLM: read them from this script's stderr.
