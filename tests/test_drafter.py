@@ -489,7 +489,8 @@ def test_evaluate_reports_every_method(trained, model_dir, target):
         assert method["acceptance_rate_per_position"] == [
             round(a / method["target_forwards"], 4) for a in method["accepted_per_position"]
         ]
-        for ds, figures in zip(("a", "b"), method["per_prompt"], strict=True):
+        for pid, ds, figures in zip(("count", "sun"), ("a", "b"), method["per_prompt"], strict=True):
+            assert (figures.pop("prompt_id"), figures.pop("set")) == (pid, ds)
             assert report["per_set"][ds][name] == figures
     assert report["prompts"] == [{"id": "count", "set": "a"}, {"id": "sun", "set": "b"}]
     assert report["k"] == 3 and report["engine"].startswith("eaglepipe draft-and-verify loop")

@@ -126,7 +126,7 @@ def test_real_config_files_change_nothing_the_embedded_run_plans(tiny_pipeline):
         assert "budget.usd $100.00: $12.5000 spent so far" in seen.stderr
         # B1 and providers.json count as done; the drafter needs every set, so it is planned anyway.
         assert planned_jobs(seen) == {"prompts": 7, "generate": 7, "tokens": 7, "hidden": 7,
-                                      "train_drafter": 1, "evaluate_drafter": 1, "all": 1}
+                                      "train_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1}
     finally:
         for name in (".ledger", "providers.json", "drafter", "B1"):
             path = real / name
