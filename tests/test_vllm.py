@@ -57,7 +57,8 @@ def served(tiny_pipeline: Path, model_dir: Path, tmp_path_factory) -> dict:
     for ds in PROMPTS:
         stats = root / ds / "tokens.json"
         every_id = json.loads(stats.read_text())["prompt_ids"]
-        prompts += [ids for _, ids in holdout_prompts([root / ds / "tokens.safetensors"], [stats], every_id)]
+        held_out = holdout_prompts([ds], [root / ds / "tokens.safetensors"], [stats], every_id)
+        prompts += [ids for _, _, ids in held_out]
     report = evaluate(drafter, model_dir, prompts, num_steps=NUM_STEPS, num_draft_tokens=NUM_STEPS + 1,
                       max_new_tokens=MAX_NEW_TOKENS)
     (work / "prompts.json").write_text(json.dumps(prompts))
