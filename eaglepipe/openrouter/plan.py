@@ -131,7 +131,10 @@ def spend_plan(
     results, prompts_dir = Path(results), Path(prompts_dir)
     target_dir = Path(config["target"]["path"])
     prices = dearest_prices(results / "providers.json", config["api"]["model"]) or configured_prices(config)
-    hidden_size = target_hidden_size(target_dir)
+    hidden_size, hidden_size_source = target_hidden_size(target_dir), "the target's config.json"
+    if hidden_size is None and config["target"].get("hidden_size"):
+        # Before the target is downloaded, the width the config states sizes the shards.
+        hidden_size, hidden_size_source = config["target"]["hidden_size"], "target.hidden_size"
     bytes_per_token = shard_bytes_per_token(hidden_size, config["hidden"]["dtype"])
     count_input = InputTokens(target_dir)
     sets = [
@@ -150,7 +153,9 @@ def spend_plan(
         spent_usd=spent,
         budget_usd=budget,
         hidden_size=hidden_size,
+        hidden_size_source=hidden_size_source,
         dtype=config["hidden"]["dtype"],
+        emulated=is_local_api(config),
     )
 
 
@@ -282,10 +287,7 @@ def print_spend_plan(
     except Exception as error:  # whatever breaks an estimate must not block the run
         print(f"eaglepipe: no spend plan ({type(error).__name__}: {error})", file=stream)
         return
-    planned_width = config["target"].get("hidden_size")
-    if plan.hidden_size is None and planned_width:
-        plan = replace(plan, hidden_size=planned_width, hidden_size_source="target.hidden_size")
-    print(format_plan(replace(plan, emulated=is_local_api(config))), file=stream)
+    print(format_plan(plan), file=stream)
 
 
 def format_plan(plan: SpendPlan) -> str:
