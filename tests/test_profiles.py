@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from tiny_run import PROMPTS, REPO, RESULTS_ROOT, planned_jobs, tiny_config, write_prompts
+from tiny_run import PROMPTS, REPO, RESULTS_ROOT, TINY_FULL_PLAN, planned_jobs, tiny_config, write_prompts
 
 GPU_RULES = ("hidden", "train_drafter", "evaluate_drafter")
 
@@ -103,17 +103,7 @@ def test_the_kubernetes_profile_plans_a_run_through_its_storage_layout(model_dir
         str(tmp_path / "tiny.yaml"),
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert planned_jobs(run) == {
-        "prompts": 2,
-        "providers": 1,
-        "generate": 2,
-        "tokens": 2,
-        "hidden": 2,
-        "train_drafter": 1,
-        "evaluate_drafter": 1,
-        "figures": 1,
-        "all": 1,
-    }
+    assert planned_jobs(run) == TINY_FULL_PLAN
     assert {(r["gpu"], r["gpu_manufacturer"]) for r in job_resources(run, "hidden")} == {("8", "nvidia")}
     text = run.stdout + run.stderr
     assert f"{tmp_path}/{RESULTS_ROOT}/tiny-a/hidden.done (send to storage)" in text

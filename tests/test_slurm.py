@@ -25,7 +25,16 @@ import yaml
 from safetensors.torch import load_file
 from slurm_cluster import GPU_MODEL, Slurm, running_slurm
 from test_generation_rehearsal import processes_in_group, rig
-from tiny_run import PROMPTS, REPO, RESULTS_ROOT, planned_jobs, snakemake, tiny_config, write_prompts
+from tiny_run import (
+    PROMPTS,
+    REPO,
+    RESULTS_ROOT,
+    TINY_FULL_PLAN,
+    planned_jobs,
+    snakemake,
+    tiny_config,
+    write_prompts,
+)
 
 pytestmark = [
     pytest.mark.slurm,
@@ -108,17 +117,7 @@ def test_a_run_through_slurm_equals_the_local_run(
     assert run.returncode == 0, run.stderr[-4000:] + slurm.log_tail()
     jobs = planned_jobs(run)
     print(f"Slurm run: {time.monotonic() - started:.0f} s, jobs {jobs}")
-    assert jobs == {
-        "prompts": 2,
-        "providers": 1,
-        "generate": 2,
-        "tokens": 2,
-        "hidden": 2,
-        "train_drafter": 1,
-        "evaluate_drafter": 1,
-        "figures": 1,
-        "all": 1,
-    }
+    assert jobs == TINY_FULL_PLAN
     # Each compute job went through sbatch; prompts, providers and generate ran on the submit host.
     assert submitted_by_rule(tmp_path) == {
         "tokens": 2,
