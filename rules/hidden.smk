@@ -1,7 +1,7 @@
-# 3. Hidden states: the target run over the token ids. Shards go to {results}/{ds}/hidden/ (undeclared, so a
-# killed extraction resumes from finished shards); the manifest hidden.done is the declared output.
-# params hold what changes the states; how they are computed and stored (device, batch and shard sizes)
-# is read from the config in the script, so changing it reruns nothing.
+# 3. Hidden states: the target run over the token ids, by the backend in hidden.backend. Shards go to
+# {results}/{ds}/hidden/ (undeclared: each is checksummed beside itself, so a killed extraction resumes from
+# the finished ones); the manifest hidden.done is the declared output. Every setting is a param: changing
+# how shards are cut or where vLLM lives reruns the job, which then reuses every shard whose key still holds.
 
 
 rule hidden:
@@ -15,8 +15,7 @@ rule hidden:
         target=TARGET_DIR,
         target_name=config["target"]["name"],
         shard_dir=results("{ds}/hidden"),
-        aux_layers=config["hidden"]["aux_layers"],
-        dtype=config["hidden"]["dtype"],
+        settings=config["hidden"],
     log:
         logs("hidden/{ds}.log"),
     threads: CLUSTER["hidden"]["cpus"]

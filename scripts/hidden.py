@@ -1,23 +1,23 @@
-"""Snakemake adapter: hidden-state shards of one prompt set."""
+"""Snakemake adapter: hidden-state shards of one prompt set, on the GPUs the job was given."""
 
 from pathlib import Path
 
-from eaglepipe.hidden.extract import extract_hidden
+from eaglepipe.hidden.extract import extract_hidden, hidden_settings
 from eaglepipe.jobs import snakemake_job
 
 with snakemake_job(snakemake) as log:
+    settings = hidden_settings(
+        snakemake.params.settings,
+        target_name=snakemake.params.target_name,
+        gpus=int(getattr(snakemake.resources, "gpu", 0)),
+    )
     manifest = extract_hidden(
         Path(snakemake.input.tokens),
         Path(snakemake.input.stats),
         Path(snakemake.params.target),
         Path(snakemake.params.shard_dir),
         Path(snakemake.output.manifest),
-        target_name=snakemake.params.target_name,
-        aux_layers=snakemake.params.aux_layers,
-        dtype=snakemake.params.dtype,
-        device=snakemake.config["hidden"]["device"],
-        shard_tokens=snakemake.config["hidden"]["shard_tokens"],
-        batch_tokens=snakemake.config["hidden"]["batch_tokens"],
+        settings,
     )
     shards, num_tokens = len(manifest["shards"]), manifest["num_tokens"]
     log.info("%s: %d shards, %d tokens", snakemake.output.manifest, shards, num_tokens)

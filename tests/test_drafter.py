@@ -22,13 +22,11 @@ from eaglepipe.drafter.evaluate import (
     untrained_like,
 )
 from eaglepipe.drafter.export import (
-    aux_layers_as_read,
-    check_engines_agree,
     config_json,
     export_drafter,
     load_exported,
 )
-from eaglepipe.drafter.frozen import load_target_embeddings, read_target_config
+from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.train import (
     SoftCrossEntropy,
@@ -40,10 +38,17 @@ from eaglepipe.drafter.train import (
     ttt_loss,
 )
 from eaglepipe.drafter.vocab import build_draft_vocab
-from eaglepipe.hidden.extract import default_aux_layers
+from eaglepipe.hidden.shards import METADATA_KEY
 from eaglepipe.io import file_sha256
 from eaglepipe.target.chat import render_prompt_ids, stop_token_id
+from eaglepipe.target.layer_ids import (
+    AuxLayerError,
+    aux_layers_as_read,
+    check_engines_agree,
+    default_aux_layers,
+)
 from eaglepipe.target.load import load_target
+from eaglepipe.target.weights import read_target_config
 
 CONVERSATIONS = [
     (
@@ -143,8 +148,9 @@ def write_hidden_set(model, tokenizer, out_dir: Path, aux_layer_ids: list[int], 
             tensors,
             str(path),
             metadata={
-                "prompt_ids": json.dumps([r["prompt_id"] for r in part]),
-                "aux_layer_ids": json.dumps(aux_layer_ids),
+                METADATA_KEY: json.dumps(
+                    {"prompt_ids": [r["prompt_id"] for r in part], "aux_layer_ids": aux_layer_ids}
+                ),
             },
         )
         entries.append(
@@ -415,9 +421,9 @@ def test_every_engine_reads_the_exported_aux_layers_as_trained(model_dir, tmp_pa
     # Custom layers starting at 1 read the same everywhere; any other first layer shifts in DeepSeek-V3.
     check_engines_agree([1, 5, 20])
     for custom in ([2, 15, 27], [0, 14, 26]):
-        with pytest.raises(DrafterError, match=r"\(DeepSeek-V3/Kimi family\) would feed the drafter layers"):
+        with pytest.raises(AuxLayerError, match=r"\(DeepSeek-V3/Kimi family\) would feed the drafter layers"):
             check_engines_agree(custom)
-        with pytest.raises(DrafterError, match="starting at layer 1"):
+        with pytest.raises(AuxLayerError, match="starting at layer 1"):
             export_drafter(random_drafter(model_dir, custom), tmp_path / "custom")
     assert not (tmp_path / "custom" / "config.json").exists()
 

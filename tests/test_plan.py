@@ -226,13 +226,14 @@ def test_disk_counts_four_layers_of_every_token_still_to_extract(tmp_path):
     target = tmp_path / "target"
     target.mkdir()
     (target / "config.json").write_text(json.dumps({"text_config": {"hidden_size": 8}}))
-    per_token = 4 * 8 * 2  # bfloat16
+    per_token = 4 * 8 * 2 + 5  # bfloat16 states, the int32 id and the uint8 mask
     results = tmp_path / "results"
     # A: generated; billed prompt + completion tokens from responses.jsonl (2 x 30).
     write_lines(results / "A" / "responses.jsonl", [record("A-0", 20), record("A-1", 20)])
     # B: tokens built; the exact count from the token file (77).
     write_lines(results / "B" / "responses.jsonl", [record("B-0", 20)])
-    save_file({"input_ids": np.zeros(77, dtype=np.int32)}, str(results / "B" / "tokens.safetensors"))
+    save_file({"input_ids": np.zeros(77, dtype=np.int32), "offsets": np.array([0, 77])},
+              str(results / "B" / "tokens.safetensors"))
     # C: one answer in the journal (30 tokens), two prompts to go (100 in + 500 out each).
     c_ids = write_prompts(tmp_path, "C", 3)
     write_journal(tmp_path, "C", [record(c_ids[0], 20)])
@@ -248,8 +249,25 @@ def test_disk_counts_four_layers_of_every_token_still_to_extract(tmp_path):
         ("generate", 1230 * per_token),
         ("done", None),
     ]
-    formula = "tokens x 4 layers x hidden 8 (the target's config.json) x 2 B (hidden.dtype bfloat16) = 64 B"
+    formula = ("tokens x 4 layers x hidden 8 (the target's config.json) x 2 B (hidden.dtype bfloat16), "
+               "with ids, masks: 69 B per token")
     assert formula in format_plan(plan)
+
+
+def test_disk_follows_the_sample_caps_and_fp8(tmp_path):
+    config = make_config(tmp_path, ["A", "C"], hidden={"dtype": "fp8", "max_samples": 1})
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    per_token = 4 * 8 + 4 * 4 + 5  # fp8 states, a float32 scale per layer, id and mask
+    write_lines(tmp_path / "results" / "A" / "responses.jsonl", [record("A-0", 20), record("A-1", 20)])
+    write_prompts(tmp_path, "C", 4)  # 4 x (100 in + 500 out), one sample of the four kept
+    plan = plan_of(tmp_path, config)
+    assert [s.disk_bytes for s in plan.sets] == [30 * per_token, 600 * per_token]
+    text = format_plan(plan)
+    assert "x 1 B (hidden.dtype fp8), with ids, masks and fp8 scales: 53 B per token" in text
+    assert "per set at most 1 samples (hidden.max_samples)" in text
+    tokens_cap = make_config(tmp_path, ["A", "C"], hidden={"max_tokens": 500})
+    assert [s.disk_bytes for s in plan_of(tmp_path, tokens_cap).sets] == [60 * 69, 500 * 69]
 
 
 def test_hidden_size_is_read_flat_or_nested_and_unknown_without_a_config(tmp_path):

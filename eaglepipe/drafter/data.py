@@ -17,9 +17,11 @@ from safetensors import safe_open
 from torch import Tensor
 
 from eaglepipe.drafter import DrafterError
+from eaglepipe.hidden.shards import decode_states, read_shard_metadata
 from eaglepipe.io import file_sha256
 
 SHARD_TENSORS = ("aux", "final", "input_ids", "loss_mask", "offsets")
+FP8_SCALES = ("aux_scale", "final_scale")  # fp8 shards: one float32 scale per token and stored layer
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class SampleRef:
 @dataclass
 class Sample:
     prompt_id: str
-    aux: Tensor  # [T, 3H], the shard's dtype
+    aux: Tensor  # [T, 3H], the shard's dtype (float32 for fp8 shards, decoded)
     final: Tensor  # [T, H], after the target's final norm
     input_ids: Tensor  # int64 [T]
     loss_mask: Tensor  # bool [T], True on completion tokens
@@ -94,15 +96,20 @@ def load_samples(refs: list[SampleRef]) -> list[Sample]:
     loaded: list[Sample | None] = [None] * len(refs)
     for shard, indices in by_shard.items():
         with safe_open(str(shard), framework="pt") as tensors:
-            slices = {name: tensors.get_slice(name) for name in ("aux", "final", "input_ids", "loss_mask")}
+            stored = set(tensors.keys())  # safe_open supports no `in`
+            names = [name for name in (*SHARD_TENSORS, *FP8_SCALES) if name in stored and name != "offsets"]
+            slices = {name: tensors.get_slice(name) for name in names}
             for i in indices:
                 ref = refs[i]
+                rows = {name: piece[ref.start : ref.stop] for name, piece in slices.items()}
+                fp8 = "aux_scale" in rows
+                aux, final = decode_states(rows, torch.float32 if fp8 else rows["aux"].dtype)
                 loaded[i] = Sample(
                     prompt_id=ref.prompt_id,
-                    aux=slices["aux"][ref.start : ref.stop],
-                    final=slices["final"][ref.start : ref.stop],
-                    input_ids=slices["input_ids"][ref.start : ref.stop].long(),
-                    loss_mask=slices["loss_mask"][ref.start : ref.stop].bool(),
+                    aux=aux,
+                    final=final,
+                    input_ids=rows["input_ids"].long(),
+                    loss_mask=rows["loss_mask"].bool(),
                 )
     return loaded  # type: ignore[return-value]
 
@@ -139,15 +146,16 @@ def _check_shard(
     width = manifest["hidden_size"]
     with safe_open(str(shard), framework="pt") as tensors:
         available = set(tensors.keys())
-        missing = [name for name in SHARD_TENSORS if name not in available]
+        required = SHARD_TENSORS + (FP8_SCALES if manifest.get("dtype") == "fp8" else ())
+        missing = [name for name in required if name not in available]
         if missing:
             raise DrafterError(f"{shard}: lacks tensors {missing}: rerun the hidden stage")
-        metadata = tensors.metadata() or {}
+        metadata = read_shard_metadata(tensors.metadata())
         shapes = {name: tensors.get_slice(name).get_shape() for name in SHARD_TENSORS}
         offsets = tensors.get_tensor("offsets").long()
         input_ids = tensors.get_tensor("input_ids").long()
         loss_mask = tensors.get_tensor("loss_mask").bool()
-    prompt_ids = json.loads(metadata.get("prompt_ids", "null")) or []
+    prompt_ids = metadata.get("prompt_ids") or []
     tokens = entry["num_tokens"]
     expected = {
         "aux": [tokens, 3 * width],
@@ -168,6 +176,6 @@ def _check_shard(
             f"{shard}: tensors {shapes}, offsets or prompt_ids disagree with {manifest_path} "
             f"({entry['num_samples']} samples, {tokens} tokens, hidden {width}): rerun it"
         )
-    if json.loads(metadata.get("aux_layer_ids", "null")) != manifest["aux_layer_ids"]:
+    if metadata.get("aux_layer_ids") != manifest["aux_layer_ids"]:
         raise DrafterError(f"{shard}: aux_layer_ids differ from {manifest_path}: rerun the hidden stage")
     return prompt_ids, offsets, input_ids, loss_mask

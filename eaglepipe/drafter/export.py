@@ -20,6 +20,7 @@ from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter, self_attention
 from eaglepipe.io import atomic_write, write_json
+from eaglepipe.target.layer_ids import aux_layers_as_read, check_engines_agree, served_config_keys
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 NOT_EXPORTED = ("embed_tokens.weight",)  # the server takes the target's embedding
@@ -31,45 +32,6 @@ STACKED_PARAMS = (
     ("gate_up_proj", "gate_proj", 0),
     ("gate_up_proj", "up_proj", 1),
 )
-
-
-def aux_layers_as_read(config: dict[str, Any]) -> dict[str, list[int]]:
-    """The target layers (output-of-layer ids) whose outputs each engine feeds the drafter of `config`.
-
-    The engines number the same tensors differently (docs/drafter.md, "Aux-layer ids"): vLLM reads the
-    top-level key first and uses the ids as input-of-layer ids; SGLang reads `eagle_config`, and its
-    Llama family always adds 1 while its DeepSeek-V3 family (Kimi-K2.5) adds 1 only when the first id is 1.
-    """
-    nested = list(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-    top_level = list(config.get("eagle_aux_hidden_state_layer_ids", nested))
-    return {
-        "vLLM": [i - 1 for i in top_level],
-        "SGLang (Llama family)": nested,
-        "SGLang (DeepSeek-V3/Kimi family)": nested if nested[0] == 1 else [i - 1 for i in nested],
-    }
-
-
-def check_engines_agree(aux_layer_ids: tuple[int, ...] | list[int]) -> None:
-    """Refuse aux layers that some engine would silently read as other layers."""
-    readings = aux_layers_as_read(_aux_layer_keys(aux_layer_ids))
-    for engine, layers in readings.items():
-        if layers != list(aux_layer_ids):
-            raise DrafterError(
-                f"aux layers {list(aux_layer_ids)}: {engine} would feed the drafter layers {layers} "
-                "(its DeepSeek-V3/Kimi family adds 1 to the ids only when the first is 1): "
-                "choose aux layers starting at layer 1, as the default [1, N//2-1, N-4] does"
-            )
-
-
-def _aux_layer_keys(aux_layer_ids: tuple[int, ...] | list[int]) -> dict[str, Any]:
-    """Output-of-layer ids in `eagle_config` (SGLang, SpecForge), the same tensors +1 at top level (vLLM)."""
-    return {
-        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in aux_layer_ids],
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
-            "use_aux_hidden_state": True,
-        },
-    }
 
 
 def config_json(config: Eagle3Config) -> dict[str, Any]:
@@ -92,7 +54,7 @@ def config_json(config: Eagle3Config) -> dict[str, Any]:
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
         "tie_word_embeddings": False,
-        **_aux_layer_keys(config.aux_layer_ids),
+        **served_config_keys(config.aux_layer_ids),
         "torch_dtype": config.torch_dtype,
     }
 

@@ -24,12 +24,14 @@ from torch import Tensor
 
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.data import Sample, SampleRef, load_samples, open_hidden_data
-from eaglepipe.drafter.export import check_engines_agree, export_drafter, write_serving_readme
-from eaglepipe.drafter.frozen import load_target_embeddings, read_target_config
+from eaglepipe.drafter.export import export_drafter, write_serving_readme
+from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.vocab import build_draft_vocab
 from eaglepipe.io import file_sha256
 from eaglepipe.progress import StepProgress
+from eaglepipe.target.layer_ids import check_engines_agree
+from eaglepipe.target.weights import read_target_config
 
 STEP_WEIGHT = 0.8  # loss weight of unroll step i is STEP_WEIGHT ** i
 LOSS_CURVE_POINTS = 20

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.hidden.storage import bytes_per_token
 from eaglepipe.openrouter.ledger import ledger_path
-from eaglepipe.openrouter.plan import DTYPE_BYTES, STORED_LAYERS
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,5 @@ def load_run(
 
 
 def hidden_bytes(manifest: dict[str, Any]) -> int:
-    """Shard disk from the manifest alone: per token the stored layers' states plus the int32 id and
-    uint8 mask."""
-    width = STORED_LAYERS * manifest["hidden_size"] * DTYPE_BYTES.get(manifest["dtype"], 2)
-    return manifest["num_tokens"] * (width + 5)
+    """Shard disk from the manifest alone."""
+    return manifest["num_tokens"] * bytes_per_token(manifest["hidden_size"], manifest["dtype"])

@@ -1,1 +1,5 @@
-"""Stage 3: the target's hidden states over the token ids, in resumable shards."""
+"""Hidden states: the target run over the token ids (hf, vLLM or SGLang), stored as checksummed shards."""
+
+
+class HiddenError(ValueError):
+    """A hidden-state stage problem a user can fix, in one line naming the file, key or prompt."""

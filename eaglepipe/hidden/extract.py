@@ -1,61 +1,255 @@
-"""Run the target over the token ids and store EAGLE-3's inputs: three auxiliary layers and the last one.
+"""Run the target over a set's token ids and store EAGLE-3's inputs: three auxiliary layers and the last.
 
-Layers follow the "output of layer i" convention (HF `hidden_states[i + 1]`, taken by forward hooks);
-the final state is taken after the model's final norm (what transformers returns last). Shards hold
-whole samples, are planned from the token file alone, and are written atomically with a key in their
-metadata, so a killed run reuses every finished shard and recomputes one only when its samples, model
-or layers changed.
+Shards hold whole samples and are planned from the token file and the caps alone, so a killed job
+recomputes only the shards it had not finished, and the manifest of a resumed run equals that of an
+uninterrupted one. Every sample's prefilled ids are checked against the token file before its states are
+kept, and the job refuses to start when the disk cannot hold the shards still to write.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from torch import Tensor
 
-from eaglepipe.io import atomic_write, file_sha256, write_json
+from eaglepipe.hidden import HiddenError
+from eaglepipe.hidden.backends import STORED, BackendSettings, CapturedStates, TargetShape, open_backend
+from eaglepipe.hidden.shards import (
+    ShardPlan,
+    encode_states,
+    manifest_entry,
+    plan_shards,
+    reusable_entry,
+    shard_key,
+    write_shard,
+)
+from eaglepipe.hidden.storage import bytes_per_token, check_free_disk, select_rows
+from eaglepipe.io import file_sha256, write_json
 from eaglepipe.progress import StepProgress
-from eaglepipe.target.load import load_target
+from eaglepipe.target.layer_ids import check_aux_layers, default_aux_layers
+from eaglepipe.target.weights import read_target_config
 
 log = logging.getLogger(__name__)
 
 
-class HiddenError(ValueError):
-    """A hidden-state stage problem, in one line."""
-
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    return [1, num_layers // 2 - 1, num_layers - 4]
-
-
 @dataclass(frozen=True)
-class ShardPlan:
-    index: int
-    first: int  # first sample (row) of the shard
-    last: int  # one past its last sample
+class HiddenSettings:
+    """What the stage computes and stores (all of it in the rule's params)."""
+
+    target_name: str
+    backend: BackendSettings = field(default_factory=lambda: BackendSettings("hf"))
+    aux_layers: list[int] | None = None
+    dtype: str = "bfloat16"  # stored: float32 | bfloat16 | float16 | fp8
+    shard_tokens: int = 2_000_000
+    max_samples: int | None = None
+    max_tokens: int | None = None
+    seed: int = 0
+    keep_free_gb: float = 10.0
+
+
+def compute_dtype_for(dtype: str) -> str:
+    """fp8 is a storage format: the target runs in bf16 and each token is scaled into fp8 when stored."""
+    return "bfloat16" if dtype == "fp8" else dtype
+
+
+@dataclass
+class SetTokens:
+    """The selected samples of one set, from the token stage's files."""
+
+    prompt_ids: list[str]
+    samples: list[Tensor]  # int64 ids per sample
+    masks: list[Tensor]  # bool loss masks per sample
+    of_samples: int
+    of_tokens: int
 
     @property
-    def name(self) -> str:
-        return f"shard-{self.index:05d}.safetensors"
+    def offsets(self) -> list[int]:
+        out = [0]
+        for ids in self.samples:
+            out.append(out[-1] + len(ids))
+        return out
 
 
-def plan_shards(offsets: list[int], shard_tokens: int) -> list[ShardPlan]:
-    """Consecutive whole samples, each shard closed once it holds at least `shard_tokens` tokens."""
-    plans, first = [], 0
-    for row in range(len(offsets) - 1):
-        if offsets[row + 1] - offsets[first] >= shard_tokens or row == len(offsets) - 2:
-            plans.append(ShardPlan(len(plans), first, row + 1))
-            first = row + 1
-    return plans
+def read_set_tokens(tokens_path: Path, token_stats_path: Path, settings: HiddenSettings) -> SetTokens:
+    tokens = load_file(str(tokens_path))
+    prompt_ids = json.loads(Path(token_stats_path).read_text())["prompt_ids"]
+    offsets = tokens["offsets"].tolist()
+    if len(prompt_ids) != len(offsets) - 1:
+        raise HiddenError(
+            f"{tokens_path}: {len(offsets) - 1} rows but {token_stats_path} lists {len(prompt_ids)} ids: "
+            "rerun the tokens rule"
+        )
+    lengths = [offsets[r + 1] - offsets[r] for r in range(len(prompt_ids))]
+    rows = select_rows(
+        prompt_ids,
+        lengths,
+        max_samples=settings.max_samples,
+        max_tokens=settings.max_tokens,
+        seed=settings.seed,
+    )
+    ids, mask = tokens["input_ids"].long(), tokens["loss_mask"].bool()
+    return SetTokens(
+        prompt_ids=[prompt_ids[r] for r in rows],
+        samples=[ids[offsets[r] : offsets[r + 1]] for r in rows],
+        masks=[mask[offsets[r] : offsets[r + 1]] for r in rows],
+        of_samples=len(prompt_ids),
+        of_tokens=offsets[-1],
+    )
+
+
+def extract_hidden(
+    tokens_path: Path,
+    token_stats_path: Path,
+    target_dir: Path,
+    shard_dir: Path,
+    manifest_path: Path,
+    settings: HiddenSettings,
+) -> dict[str, Any]:
+    """Write (or reuse) every shard of one prompt set, then the manifest `hidden.done`. The row order's
+    prompt ids come from the token stage's `tokens.json` (`token_stats_path`)."""
+    shape = TargetShape.from_config(read_target_config(target_dir))
+    layers = (
+        list(settings.aux_layers) if settings.aux_layers is not None else default_aux_layers(shape.num_layers)
+    )
+    check_aux_layers(layers, shape.num_layers)
+    data = read_set_tokens(tokens_path, token_stats_path, settings)
+    if not data.samples:
+        raise HiddenError(
+            f"{tokens_path}: no samples to extract (caps hidden.max_samples/max_tokens too low?)"
+        )
+    shard_dir = Path(shard_dir)
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    identity = model_identity(target_dir, settings.target_name)
+    computed_by = [identity, layers, settings.dtype, settings.backend.name]
+    offsets = data.offsets
+
+    entries: dict[int, dict[str, Any]] = {}
+    keys: dict[int, str] = {}
+    plans = plan_shards(offsets, settings.shard_tokens)
+    for plan in plans:
+        keys[plan.index] = shard_key(
+            data.samples[plan.first : plan.last],
+            data.masks[plan.first : plan.last],
+            data.prompt_ids[plan.first : plan.last],
+            computed_by,
+        )
+        entry = reusable_entry(shard_dir / plan.name, keys[plan.index])
+        if entry is not None:
+            entries[plan.index] = entry
+    missing = [plan for plan in plans if plan.index not in entries]
+    missing_tokens = sum(offsets[p.last] - offsets[p.first] for p in missing)
+    log.info(
+        "%s: %d of %d shards already written and verified, %d to compute (%d tokens)",
+        manifest_path,
+        len(entries),
+        len(plans),
+        len(missing),
+        missing_tokens,
+    )
+    check_free_disk(
+        shard_dir, missing_tokens * bytes_per_token(shape.hidden_size, settings.dtype), settings.keep_free_gb
+    )
+
+    started = time.monotonic()
+    if missing:
+        progress = StepProgress(log, f"{manifest_path}: hidden states", missing_tokens, unit="tokens")
+        longest = max(len(ids) for p in missing for ids in data.samples[p.first : p.last])
+        with open_backend(settings.backend, target_dir, layers, shape, longest) as backend:
+            for plan in missing:
+                entries[plan.index] = _compute_shard(
+                    backend, data, plan, shard_dir, keys[plan.index], layers, settings.dtype, shape
+                )
+                tokens = offsets[plan.last] - offsets[plan.first]
+                progress.advance(tokens, tokens)
+        seconds = time.monotonic() - started
+        log.info(
+            "%s: computed %d tokens in %.1f s (%.0f tokens/s)",
+            manifest_path,
+            missing_tokens,
+            seconds,
+            missing_tokens / max(seconds, 1e-9),
+        )
+    manifest = {
+        "shards": [
+            manifest_entry(shard_dir / p.name, entries[p.index], Path(manifest_path).parent) for p in plans
+        ],
+        "prompt_ids": data.prompt_ids,
+        "num_samples": len(data.samples),
+        "num_tokens": offsets[-1],
+        "subset": {
+            "max_samples": settings.max_samples,
+            "max_tokens": settings.max_tokens,
+            "seed": settings.seed,
+            "of_samples": data.of_samples,
+            "of_tokens": data.of_tokens,
+        },
+        "aux_layer_ids": layers,
+        "layer_convention": "output",
+        "final_norm": "after",
+        "backend": settings.backend.name,
+        "stored": STORED[settings.backend.name],
+        "hidden_size": shape.hidden_size,
+        "dtype": settings.dtype,
+        "model": identity,
+        "tokens_sha256": file_sha256(tokens_path),
+    }
+    write_json(manifest_path, manifest)
+    return manifest
+
+
+def _compute_shard(
+    backend,
+    data: SetTokens,
+    plan: ShardPlan,
+    shard_dir: Path,
+    key: str,
+    layers: list[int],
+    dtype: str,
+    shape: TargetShape,
+) -> dict[str, Any]:
+    samples = data.samples[plan.first : plan.last]
+    prompt_ids = data.prompt_ids[plan.first : plan.last]
+    captured = backend.states(samples)
+    for prompt_id, ids, states in zip(prompt_ids, samples, captured, strict=True):
+        check_agreement(prompt_id, ids, states, shape.hidden_size)
+    aux = torch.cat([states.aux for states in captured])
+    final = torch.cat([states.final for states in captured])
+    entry = write_shard(
+        shard_dir / plan.name,
+        key,
+        encode_states(aux, final, dtype),
+        samples,
+        data.masks[plan.first : plan.last],
+        prompt_ids,
+        layers,
+    )
+    log.info("%s: %d samples, %d tokens", shard_dir / plan.name, entry["num_samples"], entry["num_tokens"])
+    return entry
+
+
+def check_agreement(prompt_id: str, expected: Tensor, states: CapturedStates, hidden_size: int) -> None:
+    """The engine must have run exactly the token file's ids, or its states belong to another text."""
+    seen = states.prefilled_ids.long()
+    if len(seen) != len(expected) or not torch.equal(seen, expected.long()):
+        differ = [i for i, (a, b) in enumerate(zip(seen.tolist(), expected.tolist(), strict=False)) if a != b]
+        where = f"first at position {differ[0]}" if differ else f"lengths {len(seen)} vs {len(expected)}"
+        raise HiddenError(
+            f"prompt {prompt_id}: the engine prefilled other ids than tokens.safetensors ({where}): "
+            "its states would not match the tokens; check the backend's tokenizer settings and rerun"
+        )
+    n = len(expected)
+    if tuple(states.aux.shape) != (n, 3 * hidden_size) or tuple(states.final.shape) != (n, hidden_size):
+        raise HiddenError(
+            f"prompt {prompt_id}: the engine returned aux {tuple(states.aux.shape)} and final "
+            f"{tuple(states.final.shape)} for {n} tokens of width {hidden_size}: check hidden.backend"
+        )
 
 
 def model_identity(target_dir: Path, target_name: str) -> dict[str, Any]:
@@ -70,205 +264,24 @@ def model_identity(target_dir: Path, target_name: str) -> dict[str, Any]:
     return {"name": target_name, "files_sha256": hashed, "weight_bytes": weights}
 
 
-def _shard_key(
-    tokens: dict[str, torch.Tensor], plan: ShardPlan, prompt_ids: list[str], computed_by: list
-) -> str:
-    """Changes whenever the shard's samples (tokens, masks, boundaries, ids) or what computes them (model,
-    layers, dtype) change."""
-    start, end = int(tokens["offsets"][plan.first]), int(tokens["offsets"][plan.last])
-    digest = hashlib.sha256()
-    digest.update(tokens["input_ids"][start:end].numpy().tobytes())
-    digest.update(tokens["loss_mask"][start:end].numpy().tobytes())
-    digest.update((tokens["offsets"][plan.first : plan.last + 1] - start).numpy().tobytes())
-    digest.update(json.dumps([prompt_ids[plan.first : plan.last], computed_by], sort_keys=True).encode())
-    return digest.hexdigest()
-
-
-def _existing_key(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            return (handle.metadata() or {}).get("shard_key")
-    except Exception:  # a torn or foreign file is simply recomputed
-        return None
-
-
-def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformer stack (its `layers` and final `norm`), without the lm_head: the head's
-    full-vocabulary logits would cost more memory than all the states we keep (163,840 wide for Kimi)."""
-    for module in model.modules():
-        if isinstance(getattr(module, "layers", None), torch.nn.ModuleList) and hasattr(module, "norm"):
-            return module
-    raise HiddenError(f"{type(model).__name__}: no decoder with `layers` and `norm` to capture states from")
-
-
-@torch.no_grad()
-def capture_states(decoder: torch.nn.Module, layers: list[int], input_ids, attention_mask):
-    """(aux [B, L, 3H], final [B, L, H]): outputs of the given layers, and the final-norm output.
-
-    Forward hooks keep only these layers, where `output_hidden_states` would hold all of them.
-    """
-    captured: dict[int, torch.Tensor] = {}
-
-    def keep(index: int):
-        def hook(_module, _inputs, output):
-            captured[index] = output[0] if isinstance(output, tuple) else output
-
-        return hook
-
-    handles = [decoder.layers[i].register_forward_hook(keep(i)) for i in layers]
-    try:
-        out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return torch.cat([captured[i] for i in layers], dim=-1), out.last_hidden_state
-
-
-def _forward_rows(
-    model, tokens, rows: range, layers: list[int], batch_tokens: int, device, dtype, progress: StepProgress
-):
-    """Hidden states of whole samples, batched by padded token count."""
-    decoder = decoder_of(model)
-    offsets = tokens["offsets"]
-    aux_parts, final_parts = [], []
-    batch: list[int] = []
-
-    def flush():
-        width = max(int(offsets[r + 1] - offsets[r]) for r in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        for i, r in enumerate(batch):
-            seq = tokens["input_ids"][offsets[r] : offsets[r + 1]].long()
-            ids[i, : len(seq)], mask[i, : len(seq)] = seq, 1
-        aux, final = capture_states(decoder, layers, ids.to(device), mask.to(device))
-        for i, r in enumerate(batch):
-            n = int(offsets[r + 1] - offsets[r])
-            aux_parts.append(aux[i, :n].to("cpu", dtype))
-            final_parts.append(final[i, :n].to("cpu", dtype))
-        done = sum(int(offsets[r + 1] - offsets[r]) for r in batch)
-        progress.advance(done, done)
-        batch.clear()
-
-    for r in rows:
-        length = int(offsets[r + 1] - offsets[r])
-        longest = max([length] + [int(offsets[b + 1] - offsets[b]) for b in batch])
-        if batch and longest * (len(batch) + 1) > batch_tokens:
-            flush()
-        batch.append(r)
-    if batch:
-        flush()
-    return torch.cat(aux_parts), torch.cat(final_parts)
-
-
-def extract_hidden(
-    tokens_path: Path,
-    token_stats_path: Path,
-    target_dir: Path,
-    shard_dir: Path,
-    manifest_path: Path,
-    *,
-    target_name: str,
-    aux_layers: list[int] | None = None,
-    dtype: str = "bfloat16",
-    device: str = "cpu",
-    shard_tokens: int = 2_000_000,
-    batch_tokens: int = 32768,
-) -> dict[str, Any]:
-    """Write (or reuse) every shard of one prompt set, then the manifest `hidden.done`. The row order's
-    prompt ids come from the token stage's `tokens.json` (`token_stats_path`)."""
-    tokens = load_file(str(tokens_path))
-    prompt_ids = json.loads(Path(token_stats_path).read_text())["prompt_ids"]
-    offsets = tokens["offsets"].tolist()
-    if len(prompt_ids) != len(offsets) - 1:
-        raise HiddenError(
-            f"{tokens_path}: {len(offsets) - 1} rows but {token_stats_path} lists {len(prompt_ids)} ids: "
-            "rerun the tokens rule"
-        )
-    identity = model_identity(target_dir, target_name)
-    layers, hidden_size = resolve_layers(target_dir, aux_layers)
-    storage_dtype = getattr(torch, dtype)
-    shard_dir = Path(shard_dir)
-    shard_dir.mkdir(parents=True, exist_ok=True)
-
-    model = None
-    entries = []
-    started = time.monotonic()
-    progress = StepProgress(log, f"{manifest_path}: hidden states", offsets[-1], unit="tokens")
-    for plan in plan_shards(offsets, shard_tokens):
-        path = shard_dir / plan.name
-        key = _shard_key(tokens, plan, prompt_ids, [identity, layers, dtype])
-        if _existing_key(path) == key:
-            log.info("%s: reused (same tokens, model and layers)", path)
-            progress.advance(offsets[plan.last] - offsets[plan.first], reused=True)
-        else:
-            if model is None:  # loaded only when some shard must be computed
-                model = load_target(target_dir, dtype=dtype, device=device)[0]
-            _write_shard(
-                model, tokens, plan, path, key, layers, prompt_ids, batch_tokens, storage_dtype, progress
-            )
-        entries.append(_entry(path, plan, offsets, relative_to=Path(manifest_path).parent))
-    manifest = {
-        "shards": entries,
-        "prompt_ids": prompt_ids,
-        "num_samples": len(prompt_ids),
-        "num_tokens": offsets[-1],
-        "aux_layer_ids": layers,
-        "layer_convention": "output",
-        "final_norm": "after",
-        "hidden_size": hidden_size,
-        "dtype": dtype,
-        "model": identity,
-        "tokens_sha256": file_sha256(tokens_path),
-        "seconds": round(time.monotonic() - started, 2),
-    }
-    write_json(manifest_path, manifest)
-    return manifest
-
-
-def resolve_layers(target_dir: Path, aux_layers: list[int] | None) -> tuple[list[int], int]:
-    """The auxiliary layer ids (checked against the target's depth) and its hidden size, from config.json."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(str(target_dir))
-    config = getattr(config, "text_config", config)  # multimodal targets (Kimi-K2.5) nest the LM config
-    num_layers = config.num_hidden_layers
-    layers = list(aux_layers) if aux_layers is not None else default_aux_layers(num_layers)
-    if any(not 0 <= layer < num_layers for layer in layers):
-        raise HiddenError(
-            f"config key 'hidden.aux_layers' = {layers}: the target has layers 0..{num_layers - 1}"
-        )
-    return layers, config.hidden_size
-
-
-def _write_shard(
-    model, tokens, plan: ShardPlan, path: Path, key: str, layers, prompt_ids, batch_tokens, dtype, progress
-) -> None:
-    rows = range(plan.first, plan.last)
-    device = next(model.parameters()).device
-    aux, final = _forward_rows(model, tokens, rows, layers, batch_tokens, device, dtype, progress)
-    start, end = int(tokens["offsets"][plan.first]), int(tokens["offsets"][plan.last])
-    tensors = {
-        "aux": aux.contiguous(),
-        "final": final.contiguous(),
-        "input_ids": tokens["input_ids"][start:end].clone(),
-        "loss_mask": tokens["loss_mask"][start:end].clone(),
-        "offsets": tokens["offsets"][plan.first : plan.last + 1] - start,
-    }
-    metadata = {
-        "shard_key": key,
-        "prompt_ids": json.dumps(prompt_ids[plan.first : plan.last]),
-        "aux_layer_ids": json.dumps(layers),
-    }
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
-    log.info("%s: %d samples, %d tokens", path, plan.last - plan.first, end - start)
-
-
-def _entry(path: Path, plan: ShardPlan, offsets: list[int], relative_to: Path) -> dict[str, Any]:
-    return {
-        "path": os.path.relpath(path, relative_to),  # relative, so a results folder can be moved
-        "sha256": file_sha256(path),
-        "num_samples": plan.last - plan.first,
-        "num_tokens": offsets[plan.last] - offsets[plan.first],
-    }
+def hidden_settings(section: dict[str, Any], *, target_name: str, gpus: int) -> HiddenSettings:
+    """From the validated config's `hidden` section and the GPUs the job actually got."""
+    return HiddenSettings(
+        target_name=target_name,
+        backend=BackendSettings(
+            name=section["backend"],
+            device=section["device"],
+            gpus=gpus,
+            compute_dtype=compute_dtype_for(section["dtype"]),
+            batch_tokens=section["batch_tokens"],
+            engine_python=section["engine_python"],
+            engine_memory_fraction=section["memory_fraction"],
+        ),
+        aux_layers=section["aux_layers"],
+        dtype=section["dtype"],
+        shard_tokens=section["shard_tokens"],
+        max_samples=section["max_samples"],
+        max_tokens=section["max_tokens"],
+        seed=section["seed"],
+        keep_free_gb=section["keep_free_gb"],
+    )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from eaglepipe.config import is_local_api
+from eaglepipe.hidden.storage import BYTES_PER_VALUE, STORED_LAYERS, bytes_per_token, capped_tokens
 from eaglepipe.io import read_jsonl
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.openrouter.journal import tally_done
@@ -28,9 +29,6 @@ from eaglepipe.openrouter.routing import dearest_price
 # target's tokenizer is not at hand. It errs high on tokens: the demo's SmolLM2 prompts measure 3.4, and
 # a larger vocabulary (Kimi-K2.5's 163k) packs more bytes into a token.
 BYTES_PER_TOKEN = 3.5
-# EAGLE-3 keeps three auxiliary layers and the final one per token.
-STORED_LAYERS = 4
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 HEADER = "eaglepipe spend plan (no request sent, no key read; the same plan prints before a real run spends)"
 EMULATED = (
     "This is the emulator's plan (api.base_url: local): its providers and dollars are simulated and nothing "
@@ -70,6 +68,7 @@ class SetPlan:
     usd_at_least: bool = False
     coverage: str = "-"
     disk_bytes: int | None = None
+    disk_at_least: bool = False  # input tokens unknown: the outputs' share only
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,7 @@ class SpendPlan:
     budget_usd: float
     hidden_size: int | None
     dtype: str
+    hidden_caps: str = ""  # "1,250 samples (hidden.max_samples)": what bounds each set's shards
     # Presentation: where hidden_size came from, and whether the API is the local emulator.
     hidden_size_source: str = "the target's config.json"
     emulated: bool = False
@@ -155,6 +155,7 @@ def spend_plan(
         hidden_size=hidden_size,
         hidden_size_source=hidden_size_source,
         dtype=config["hidden"]["dtype"],
+        hidden_caps=_caps(config["hidden"]),
         emulated=is_local_api(config),
     )
 
@@ -195,8 +196,8 @@ def target_hidden_size(target_dir: Path) -> int | None:
 
 
 def shard_bytes_per_token(hidden_size: int | None, dtype: str) -> int | None:
-    """What one token costs in the shards: the stored layers' states (ids and masks are negligible)."""
-    return None if hidden_size is None else STORED_LAYERS * hidden_size * DTYPE_BYTES[dtype]
+    """What one token costs in the shards (states, fp8 scales, id and mask)."""
+    return None if hidden_size is None else bytes_per_token(hidden_size, dtype)
 
 
 def with_coverage(sets: list[SetPlan], remaining_usd: float) -> list[SetPlan]:
@@ -320,8 +321,8 @@ def _plan_set(
     if (set_dir / "responses.jsonl").is_file():
         if (set_dir / "hidden.done").is_file():
             return SetPlan(ds, "done")
-        tokens = _generated_tokens(set_dir, max_tokens)
-        return SetPlan(ds, "extract", disk_bytes=_times(tokens, bytes_per_token))
+        tokens, samples = _generated_tokens(set_dir, max_tokens)
+        return SetPlan(ds, "extract", disk_bytes=_shard_disk(config, tokens, samples, bytes_per_token))
 
     done = tally_done(set_dir / ".journal", fingerprint)
     prompts_path = prompts_dir / f"{ds}.jsonl"
@@ -348,9 +349,12 @@ def _plan_set(
     if prices is not None and output_tokens is not None:
         usd = prices.cost(input_tokens or 0, output_tokens)
     disk = None
-    if input_tokens is not None and output_tokens is not None:
+    if output_tokens is not None:
+        # Without the prompts built, their input tokens are unknown: the outputs' share is a floor.
         known = sum(_record_tokens(record, max_tokens) for record in done.values())
-        disk = _times(known + input_tokens + output_tokens, bytes_per_token)
+        # The output-token cap stops a set early: only the answered prompts get hidden states.
+        answered = len(done) + (round(output_tokens / per_answer) if per_answer else 0)
+        disk = _shard_disk(config, known + (input_tokens or 0) + output_tokens, answered, bytes_per_token)
     return SetPlan(
         name=ds,
         status="generate",
@@ -364,6 +368,7 @@ def _plan_set(
         usd=usd,
         usd_at_least=usd is not None and input_tokens is None,
         disk_bytes=disk,
+        disk_at_least=disk is not None and input_tokens is None,
     )
 
 
@@ -388,20 +393,37 @@ def _record_tokens(record: dict[str, Any], max_tokens: int) -> int:
     return int((record.get("usage") or {}).get("prompt_tokens") or 0) + _completion_tokens(record, max_tokens)
 
 
-def _generated_tokens(set_dir: Path, max_tokens: int) -> int:
-    """Tokens a finished set feeds the hidden stage: exact from the token file's header once it exists
-    (cheap), else billed prompt plus completion tokens from responses.jsonl."""
+def _generated_tokens(set_dir: Path, max_tokens: int) -> tuple[int, int]:
+    """(tokens, samples) a finished set feeds the hidden stage: exact from the token file's header once
+    it exists (cheap), else billed prompt plus completion tokens from responses.jsonl."""
     tokens_path = set_dir / "tokens.safetensors"
     if tokens_path.is_file():
         with open(tokens_path, "rb") as handle:
             (header_len,) = struct.unpack("<Q", handle.read(8))
             header = json.loads(handle.read(header_len))
-        return int(header["input_ids"]["shape"][0])
-    return sum(_record_tokens(record, max_tokens) for record in read_jsonl(set_dir / "responses.jsonl"))
+        return int(header["input_ids"]["shape"][0]), int(header["offsets"]["shape"][0]) - 1
+    records = read_jsonl(set_dir / "responses.jsonl")
+    return sum(_record_tokens(record, max_tokens) for record in records), len(records)
 
 
-def _times(tokens: int | None, bytes_per_token: int | None) -> int | None:
-    return None if tokens is None or bytes_per_token is None else tokens * bytes_per_token
+def _caps(hidden: dict[str, Any]) -> str:
+    caps = []
+    if hidden["max_samples"] is not None:
+        caps.append(f"{hidden['max_samples']:,} samples (hidden.max_samples)")
+    if hidden["max_tokens"] is not None:
+        caps.append(f"{hidden['max_tokens']:,} tokens (hidden.max_tokens)")
+    return " and ".join(caps)
+
+
+def _shard_disk(
+    config: dict[str, Any], tokens: int | None, samples: int | None, bytes_per_token: int | None
+) -> int | None:
+    """The shards' bytes under hidden.max_samples / hidden.max_tokens (samples of average length)."""
+    if tokens is None or bytes_per_token is None:
+        return None
+    hidden = config["hidden"]
+    caps = {"max_samples": hidden["max_samples"], "max_tokens": hidden["max_tokens"]}
+    return capped_tokens(tokens, samples, **caps) * bytes_per_token
 
 
 def _prompt_bytes(prompt: dict[str, Any]) -> int:
@@ -437,7 +459,7 @@ def _row(item: SetPlan, plan: SpendPlan) -> list[str]:
         output,
         _usd_range(_dollar_range(item, plan), item.usd_at_least),
         item.coverage + ("?" if item.usd_at_least and item.coverage in ("full", "partly") else ""),
-        _disk(item, plan),
+        _disk(item),
     ]
 
 
@@ -456,14 +478,11 @@ def _usd_range(bounds: tuple[float | None, float | None], outputs_only: bool) ->
     return text + (" +input" if outputs_only and low is not None else "")
 
 
-def _disk(item: SetPlan, plan: SpendPlan) -> str:
+def _disk(item: SetPlan) -> str:
     """The set's shards: definite once its input tokens are counted, else the outputs' share ('>=')."""
-    if item.disk_bytes is not None:
-        return _size(item.disk_bytes)
-    per_token = shard_bytes_per_token(plan.hidden_size, plan.dtype)
-    if per_token is None or item.output_tokens is None:
+    if item.disk_bytes is None:
         return UNKNOWN
-    return ">=" + _size(item.output_tokens * per_token)
+    return (">=" if item.disk_at_least else "") + _size(item.disk_bytes)
 
 
 def _total_row(plan: SpendPlan) -> list[str]:
@@ -471,12 +490,9 @@ def _total_row(plan: SpendPlan) -> list[str]:
     extracting = [item for item in plan.sets if item.status != "done"]
     ranges = [_dollar_range(item, plan) for item in buying]
     high = _sum(high for _, high in ranges) if ranges and all(h is not None for _, h in ranges) else None
-    disks = [_disk(item, plan) for item in extracting]
-    per_token = shard_bytes_per_token(plan.hidden_size, plan.dtype)
     disk = _size(_sum(item.disk_bytes for item in extracting))
-    if disk == UNKNOWN and per_token and all(d != UNKNOWN for d in disks):
-        known = sum(item.disk_bytes or (item.output_tokens or 0) * per_token for item in extracting)
-        disk = (">=" if any(d.startswith(">=") for d in disks) else "") + _size(known)
+    if disk != UNKNOWN and any(item.disk_at_least for item in extracting):
+        disk = ">=" + disk
     return [
         "total",
         "",
@@ -548,10 +564,12 @@ def _summary(plan: SpendPlan) -> list[str]:
         )
     else:
         per_token = shard_bytes_per_token(plan.hidden_size, plan.dtype)
+        caps = plan.hidden_caps
         lines.append(
             f"shard disk: tokens x {STORED_LAYERS} layers x hidden {plan.hidden_size:,} "
-            f"({plan.hidden_size_source}) x {DTYPE_BYTES[plan.dtype]} B (hidden.dtype {plan.dtype}) = "
-            f"{per_token:,} B per token"
+            f"({plan.hidden_size_source}) x {BYTES_PER_VALUE[plan.dtype]} B (hidden.dtype {plan.dtype}), "
+            f"with ids, masks{' and fp8 scales' if plan.dtype == 'fp8' else ''}: {per_token:,} B per token"
+            + (f"; per set at most {caps}" if caps else "")
         )
     return [*lines, _what_it_buys(plan, buying)]
 

@@ -1,0 +1,107 @@
+"""Engines that run the target over token ids and hand back EAGLE-3's states, behind one interface.
+
+Every backend returns, per sample, the ids it actually prefilled (the driver checks them against the
+token file), the three auxiliary layers' outputs in our convention (output of layer i) and the final
+state after the target's final norm, converting where its engine stores something else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import Tensor
+
+BACKENDS = ("hf", "sglang", "vllm")
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What the backends need to know of the target, from its config.json."""
+
+    num_layers: int
+    hidden_size: int
+    model_type: str
+    rms_norm_eps: float
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> TargetShape:
+        from eaglepipe.target.weights import text_config
+
+        text = text_config(config)
+        return cls(
+            num_layers=text["num_hidden_layers"],
+            hidden_size=text["hidden_size"],
+            model_type=text.get("model_type", config.get("model_type", "")),
+            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+        )
+
+
+@dataclass
+class CapturedStates:
+    prefilled_ids: Tensor  # int64 [n]: what the engine ran, for the agreement check
+    aux: Tensor  # [n, 3H]: outputs of the aux layers, low-mid-high
+    final: Tensor  # [n, H]: after the final norm
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    name: str  # hf | sglang | vllm
+    device: str = "cpu"  # hf: cpu, cuda or auto (spread over all GPUs)
+    gpus: int = 0  # GPUs the job was given: the engines' tensor-parallel size
+    compute_dtype: str = "bfloat16"
+    batch_tokens: int = 32768
+    engine_python: str | None = None  # vllm: the interpreter of the environment vLLM is installed in
+    engine_memory_fraction: float = 0.85
+
+
+# For the manifest: which physical tensors each backend captures, and how `final` ends up after the norm.
+STORED = {
+    "hf": {
+        "aux": "output of decoder layer i (forward hook) = HF hidden_states[i + 1]",
+        "final": "decoder output after the final norm = HF hidden_states[-1]",
+    },
+    "vllm": {
+        "aux": "vLLM extract_hidden_states id i + 1 (input of layer i + 1) = output of layer i",
+        "final": "vLLM id N (last layer's output, before the final norm), final RMSNorm applied in float32",
+    },
+    "sglang": {
+        "aux": "SGLang set_eagle3_layers_to_capture(i) (input of layer i + 1) = output of layer i",
+        "final": "SGLang's hidden state at the logits step, after the final norm",
+    },
+}
+
+
+class StateBackend(Protocol):
+    def states(self, samples: list[Tensor]) -> list[CapturedStates]: ...
+
+
+@contextmanager
+def open_backend(
+    settings: BackendSettings,
+    target_dir: Path,
+    aux_layers: list[int],
+    shape: TargetShape,
+    longest_sample: int,
+) -> Iterator[StateBackend]:
+    """The backend, with its engine started once for the whole job (sized for `longest_sample` tokens) and
+    shut down after it."""
+    if settings.name == "hf":
+        from eaglepipe.hidden.backends.hf import HFBackend
+
+        yield HFBackend(settings, target_dir, aux_layers)
+    elif settings.name == "vllm":
+        from eaglepipe.hidden.backends.vllm import VLLMBackend
+
+        with VLLMBackend(settings, target_dir, aux_layers, shape, longest_sample) as backend:
+            yield backend
+    elif settings.name == "sglang":
+        from eaglepipe.hidden.backends.sglang import SGLangBackend
+
+        with SGLangBackend(settings, target_dir, aux_layers, shape, longest_sample) as backend:
+            yield backend
+    else:
+        raise ValueError(f"config key 'hidden.backend' = {settings.name!r}: choose one of {BACKENDS}")

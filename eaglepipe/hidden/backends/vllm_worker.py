@@ -1,0 +1,116 @@
+"""The vLLM side of the `vllm` hidden-state backend: one engine for the whole job, fed samples on request.
+
+Runs under the interpreter of the environment vLLM is installed in (`hidden.engine_python`; the project's
+own environment has no vLLM, whose pins differ). It reads one JSON request per line on stdin
+({"samples": file, "out": file}), prefills each sample through vLLM's `extract_hidden_states` method (one
+generated token, discarded), and answers on the reply descriptor with {"out": file} or {"error": line}.
+The answer file holds `hidden_states` [T, L, H] (the capture ids in ascending order) and `token_ids` [T]:
+exactly what vLLM prefilled, for the driver's agreement check. Imports only vLLM, torch and the standard
+library, so vLLM's spawned workers can import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+VLLM_VERSION = "0.32"  # the connector relies on this version's private methods (constraints-vllm.txt)
+CONNECTOR_MODULE = "eaglepipe.hidden.backends.vllm_connector"
+
+
+def engine_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    on_cpu = args.device == "cpu"
+    engine: dict[str, Any] = {
+        "model": args.target,
+        "dtype": args.dtype,
+        "tensor_parallel_size": args.tensor_parallel,
+        "max_model_len": args.max_model_len,
+        "seed": 0,
+        "enforce_eager": on_cpu,
+        "speculative_config": {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": args.capture_ids}},
+        },
+        "kv_transfer_config": {
+            "kv_connector": "CPUHiddenStatesConnector",
+            "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": args.storage},
+        },
+    }
+    if not on_cpu:
+        engine["gpu_memory_utilization"] = args.memory_fraction
+    return engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--capture-ids", required=True, type=json.loads, help="JSON list, ascending")
+    parser.add_argument("--dtype", required=True)
+    parser.add_argument("--device", choices=["cpu", "cuda"], required=True)
+    parser.add_argument("--tensor-parallel", type=int, default=1)
+    parser.add_argument("--max-model-len", type=int, required=True)
+    parser.add_argument("--memory-fraction", type=float, default=0.85)
+    parser.add_argument("--storage", required=True, help="where vLLM writes per-request files")
+    parser.add_argument("--reply-fd", type=int, required=True)
+    args = parser.parse_args()
+    replies = os.fdopen(args.reply_fd, "w", buffering=1)
+
+    def reply(message: dict[str, Any]) -> None:
+        replies.write(json.dumps(message) + "\n")
+
+    import vllm
+
+    if not vllm.__version__.startswith(VLLM_VERSION + "."):
+        reply(
+            {
+                "error": f"vLLM {vllm.__version__} is installed, the vllm backend needs {VLLM_VERSION}.x: "
+                "install the version in constraints-vllm.txt (make vllm-env)"
+            }
+        )
+        return
+    if args.device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's default takes far more
+    import torch
+    from safetensors.torch import load_file, save_file
+    from vllm import LLM, SamplingParams
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        cleanup_hidden_states,
+        load_hidden_states,
+    )
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(**engine_arguments(args))
+    one_token = SamplingParams(max_tokens=1, temperature=0.0)
+    reply({"ready": True})
+    for line in sys.stdin:
+        request = json.loads(line)
+        samples = load_file(request["samples"])
+        offsets = samples["offsets"].tolist()
+        ids = samples["input_ids"].tolist()
+        prompts = [
+            TokensPrompt(prompt_token_ids=ids[a:b]) for a, b in zip(offsets, offsets[1:], strict=False)
+        ]
+        states, token_ids = [], []
+        for output in llm.generate(prompts, one_token, use_tqdm=False):
+            path = (output.kv_transfer_params or {}).get("hidden_states_path")
+            if path is None:
+                reply({"error": f"vLLM wrote no hidden states for request {output.request_id}"})
+                return
+            saved = load_hidden_states(path)
+            states.append(saved["hidden_states"])
+            token_ids.append(saved["token_ids"].to(torch.int64))
+            cleanup_hidden_states(path)
+        save_file({"hidden_states": torch.cat(states), "token_ids": torch.cat(token_ids)}, request["out"])
+        Path(request["samples"]).unlink()
+        reply({"out": request["out"]})
+
+
+if __name__ == "__main__":  # vLLM spawns worker processes that import this module
+    main()
