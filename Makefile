@@ -9,8 +9,10 @@ CLUSTER_STAMP := $(VENV)/.eaglepipe-cluster-installed
 
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.eaglepipe-vllm-installed
+SGLANG_VENV ?= .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.eaglepipe-sglang-installed
 
-.PHONY: install cluster-plugins vllm-env demo test test-fast lint envs browser
+.PHONY: install cluster-plugins vllm-env sglang-env demo test test-fast lint envs browser
 
 install: $(STAMP)
 
@@ -44,15 +46,26 @@ $(VLLM_STAMP): constraints-vllm.txt
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
+# The real SGLang package on CPU, for the sglang hidden-state backend's checks that need no GPU (SGLang has
+# no CPU build: its kernels are CUDA). Pinned, --no-deps: see requirements-sglang-cpu.txt.
+sglang-env: $(SGLANG_STAMP)
+
+$(SGLANG_STAMP): requirements-sglang-cpu.txt
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SGLANG_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-sglang-cpu.txt
+	touch $@
+
 demo: install
 	$(BIN)/snakemake --workflow-profile profiles/local
 
-test: install cluster-plugins browser vllm-env
+test: install cluster-plugins browser vllm-env sglang-env
 	$(BIN)/pytest
 
 # The inner loop: everything but the end-to-end, Slurm and real-vLLM tests (about two minutes).
 test-fast: install
-	$(BIN)/pytest -m "not slow and not slurm and not vllm"
+	$(BIN)/pytest -m "not slow and not slurm and not vllm and not sglang"
 
 # The report test opens the report in headless Chromium (Debian's `chromium`): installed once, as root
 # (CI runs as root); elsewhere it says what to run.

@@ -13,7 +13,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 # What a GPU node needs instead of the CPU pins: sglang's own torch and transformers requirements.
-GPU_OVERRIDES = {"torch": "2.14.1", "transformers": "5.19.0", "sglang": "0.5.23"}
+# SGLang 0.5.14 (what the sglang backend is written against, as SpecForge pins it) requires exactly these.
+GPU_OVERRIDES = {"torch": "2.11.0", "transformers": "5.8.1", "sglang": "0.5.14"}
 
 # Rule groups and the direct dependencies their jobs import.
 ENV_GROUPS = {

@@ -45,8 +45,9 @@ onsuccess:
         evaluation=results("drafter/eval.json"),
     )
     print(run_table(run, emulated=LOCAL_API), file=sys.stderr)
-    print(f"eaglepipe: the report: snakemake --report {results('report.html')} (same config options)",
-          file=sys.stderr)
+    # The configuration this run used (a profile's configfile counts), so the report reads the same root.
+    config_args = "".join(f" --configfile {path}" for path in workflow.overwrite_configfiles)
+    print(f"eaglepipe: the report: snakemake{config_args} --report {results('report.html')}", file=sys.stderr)
 
 
 onerror:

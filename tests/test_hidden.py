@@ -64,7 +64,7 @@ def token_file(tmp_path):
 
 
 def settings(dtype="float32", backend="hf", **kwargs) -> HiddenSettings:
-    engine = {key: kwargs.pop(key) for key in ("batch_tokens", "engine_python") if key in kwargs}
+    engine = {key: kwargs.pop(key) for key in ("batch_tokens", "engine_python", "gpus") if key in kwargs}
     compute = "bfloat16" if dtype == "fp8" else dtype
     return HiddenSettings(target_name="smollm2", dtype=dtype, keep_free_gb=kwargs.pop("keep_free_gb", 0),
                           backend=BackendSettings(backend, device="cpu", compute_dtype=compute, **engine),

@@ -79,6 +79,20 @@ class StateBackend(Protocol):
     def states(self, samples: list[Tensor]) -> list[CapturedStates]: ...
 
 
+def memory_problem(target_dir: str | Path, gpus: int, fraction: float, per_gpu_bytes: int) -> str | None:
+    """Why the target's weights cannot fit the engine's share of the job's GPUs (with a tenth left for
+    activations and the KV cache), or None."""
+    weights = sum(path.stat().st_size for path in Path(target_dir).glob("*.safetensors"))
+    usable = gpus * per_gpu_bytes * fraction
+    if weights <= 0.9 * usable:
+        return None
+    return (
+        f"{target_dir}: the weights take {weights / 1e9:,.1f} GB but {gpus} GPU(s) x "
+        f"{per_gpu_bytes / 1e9:,.0f} GB x hidden.memory_fraction {fraction:g} leave {usable / 1e9:,.1f} GB: "
+        "raise hidden.gpus, or run on GPUs with more memory"
+    )
+
+
 @contextmanager
 def open_backend(
     settings: BackendSettings,

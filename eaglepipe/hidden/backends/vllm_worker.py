@@ -6,7 +6,7 @@ own environment has no vLLM, whose pins differ). It reads one JSON request per l
 generated token, discarded), and answers on the reply descriptor with {"out": file} or {"error": line}.
 The answer file holds `hidden_states` [T, L, H] (the capture ids in ascending order) and `token_ids` [T]:
 exactly what vLLM prefilled, for the driver's agreement check. Imports only vLLM, torch and the standard
-library, so vLLM's spawned workers can import it.
+library (and the protocol's small reply helper), so vLLM's spawned workers can import it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
+
+from eaglepipe.hidden.backends import memory_problem
+from eaglepipe.hidden.backends.engine_process import WorkerReplies
 
 VLLM_VERSION = "0.32"  # the connector relies on this version's private methods (constraints-vllm.txt)
 CONNECTOR_MODULE = "eaglepipe.hidden.backends.vllm_connector"
@@ -60,19 +62,14 @@ def main() -> None:
     parser.add_argument("--storage", required=True, help="where vLLM writes per-request files")
     parser.add_argument("--reply-fd", type=int, required=True)
     args = parser.parse_args()
-    replies = os.fdopen(args.reply_fd, "w", buffering=1)
-
-    def reply(message: dict[str, Any]) -> None:
-        replies.write(json.dumps(message) + "\n")
+    replies = WorkerReplies(args.reply_fd)
 
     import vllm
 
     if not vllm.__version__.startswith(VLLM_VERSION + "."):
-        reply(
-            {
-                "error": f"vLLM {vllm.__version__} is installed, the vllm backend needs {VLLM_VERSION}.x: "
-                "install the version in constraints-vllm.txt (make vllm-env)"
-            }
+        replies.error(
+            f"vLLM {vllm.__version__} is installed, the vllm backend needs {VLLM_VERSION}.x: "
+            "install the version in constraints-vllm.txt (make vllm-env)"
         )
         return
     if args.device == "cpu":
@@ -86,12 +83,21 @@ def main() -> None:
     )
     from vllm.inputs import TokensPrompt
 
+    if args.device == "cuda":
+        problem = memory_problem(
+            args.target,
+            args.tensor_parallel,
+            args.memory_fraction,
+            torch.cuda.get_device_properties(0).total_memory,
+        )
+        if problem:
+            replies.error(problem)
+            return
     llm = LLM(**engine_arguments(args))
     one_token = SamplingParams(max_tokens=1, temperature=0.0)
-    reply({"ready": True})
-    for line in sys.stdin:
-        request = json.loads(line)
-        samples = load_file(request["samples"])
+    replies.ready()
+    for samples_path, out_path in replies.requests():
+        samples = load_file(samples_path)
         offsets = samples["offsets"].tolist()
         ids = samples["input_ids"].tolist()
         prompts = [
@@ -101,15 +107,15 @@ def main() -> None:
         for output in llm.generate(prompts, one_token, use_tqdm=False):
             path = (output.kv_transfer_params or {}).get("hidden_states_path")
             if path is None:
-                reply({"error": f"vLLM wrote no hidden states for request {output.request_id}"})
+                replies.error(f"vLLM wrote no hidden states for request {output.request_id}")
                 return
             saved = load_hidden_states(path)
             states.append(saved["hidden_states"])
             token_ids.append(saved["token_ids"].to(torch.int64))
             cleanup_hidden_states(path)
-        save_file({"hidden_states": torch.cat(states), "token_ids": torch.cat(token_ids)}, request["out"])
-        Path(request["samples"]).unlink()
-        reply({"out": request["out"]})
+        save_file({"hidden_states": torch.cat(states), "token_ids": torch.cat(token_ids)}, out_path)
+        Path(samples_path).unlink()
+        replies.done(out_path)
 
 
 if __name__ == "__main__":  # vLLM spawns worker processes that import this module

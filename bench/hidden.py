@@ -1,0 +1,130 @@
+"""Hidden-state extraction: tokens/s and bytes/token per backend on a real token file, and an estimate of
+the real run (Kimi-K2.5 on one 8-GPU node).
+
+Each backend extracts the same set into a scratch folder, in this one run (the machine is noisy: compare
+rows, not runs). tokens/s counts the extraction with the engine already started; the start (model load,
+vLLM's engine start) is reported apart. Bytes/token are the shard files' sizes over the tokens they hold.
+
+    .venv/bin/python bench/hidden.py --tokens results/demo/demo-tools/tokens.safetensors \\
+        --target resources/models/smollm2-135m-instruct --vllm-python .venv-vllm/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from eaglepipe.hidden.backends import BackendSettings, TargetShape, open_backend
+from eaglepipe.hidden.extract import HiddenSettings, extract_hidden, read_set_tokens
+from eaglepipe.hidden.storage import bytes_per_token
+from eaglepipe.target.layer_ids import default_aux_layers
+from eaglepipe.target.weights import read_target_config
+
+# The estimate's assumptions, printed with it.
+KIMI = {"active_params": 32e9, "hidden_size": 7168}
+H200_BF16_DENSE_FLOPS = 989e12
+PREFILL_MFU = (0.25, 0.45)  # model FLOPs utilisation a large-batch MoE prefill reaches (assumed range)
+SAMPLES, TOKENS_PER_SAMPLE = 10_000, 4_000
+DISK_WRITE_BYTES_PER_S = 2e9  # one node's local NVMe, sustained (assumed)
+
+
+def measure(name: str, settings: HiddenSettings, tokens: Path, target: Path) -> dict:
+    data = read_set_tokens(tokens, tokens.with_name("tokens.json"), settings)
+    shape = TargetShape.from_config(read_target_config(target))
+    layers = default_aux_layers(shape.num_layers)
+    longest = max(len(ids) for ids in data.samples)
+    started = time.perf_counter()
+    with open_backend(settings.backend, target, layers, shape, longest) as backend:
+        backend.states(data.samples[:1])  # warm: loads the model or starts the engine
+        ready = time.perf_counter()
+        backend.states(data.samples)
+        done = time.perf_counter()
+    n = sum(len(ids) for ids in data.samples)
+    row = {
+        "backend": name,
+        "tokens": n,
+        "start_s": round(ready - started, 1),
+        "tokens_per_s": round(n / (done - ready), 1),
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        manifest = extract_hidden(
+            tokens,
+            tokens.with_name("tokens.json"),
+            target,
+            Path(scratch) / "hidden",
+            Path(scratch) / "hidden.done",
+            settings,
+        )
+        size = sum((Path(scratch) / entry["path"]).stat().st_size for entry in manifest["shards"])
+    row["bytes_per_token"] = round(size / manifest["num_tokens"], 1)
+    return row
+
+
+def estimate() -> list[str]:
+    flops_per_token = 2 * KIMI["active_params"]
+    tokens = SAMPLES * TOKENS_PER_SAMPLE
+    lines = [
+        f"estimate for the real run: {SAMPLES:,} samples x {TOKENS_PER_SAMPLE:,} tokens = {tokens / 1e6:.0f}M "
+        f"tokens, prefill {flops_per_token / 1e9:.0f} GFLOP/token (2 x 32B active parameters, attention "
+        f"left out), 8 x H200 at {H200_BF16_DENSE_FLOPS / 1e12:.0f} TFLOP/s bf16 dense, MFU "
+        f"{PREFILL_MFU[0]:.0%}-{PREFILL_MFU[1]:.0%}, disk writes at {DISK_WRITE_BYTES_PER_S / 1e9:.0f} GB/s"
+    ]
+    lines.append("dtype     B/token   shards    tokens/s (compute)   compute time   disk-write time")
+    for dtype in ("bfloat16", "fp8"):
+        per_token = bytes_per_token(KIMI["hidden_size"], dtype)
+        rates = [8 * H200_BF16_DENSE_FLOPS * mfu / flops_per_token for mfu in PREFILL_MFU]
+        hours = [tokens / rate / 3600 for rate in reversed(rates)]
+        write_hours = tokens * per_token / DISK_WRITE_BYTES_PER_S / 3600
+        lines.append(
+            f"{dtype:9} {per_token:>7,}   {tokens * per_token / 1e12:.2f} TB   "
+            f"{rates[0]:,.0f}-{rates[1]:,.0f}        {hours[0]:.1f}-{hours[1]:.1f} h        {write_hours:.1f} h"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--tokens", required=True, type=Path, help="a set's tokens.safetensors (tokens.json beside it)"
+    )
+    parser.add_argument("--target", required=True, type=Path)
+    parser.add_argument("--vllm-python", help="the vLLM environment's interpreter; without it, hf only")
+    args = parser.parse_args()
+
+    runs = [
+        (
+            "hf float32",
+            HiddenSettings(
+                "bench", BackendSettings("hf", compute_dtype="float32"), dtype="float32", keep_free_gb=0
+            ),
+        ),
+        (
+            "hf fp8 (bf16 compute)",
+            HiddenSettings(
+                "bench", BackendSettings("hf", compute_dtype="bfloat16"), dtype="fp8", keep_free_gb=0
+            ),
+        ),
+    ]
+    if args.vllm_python:
+        runs.append(
+            (
+                "vllm float32",
+                HiddenSettings(
+                    "bench",
+                    BackendSettings("vllm", compute_dtype="float32", engine_python=args.vllm_python),
+                    dtype="float32",
+                    keep_free_gb=0,
+                ),
+            )
+        )
+    rows = [measure(name, settings, args.tokens, args.target) for name, settings in runs]
+    for row in rows:
+        print(json.dumps(row))
+    print("\n".join(estimate()))
+
+
+if __name__ == "__main__":  # vLLM's engine spawns processes
+    main()
