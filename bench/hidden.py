@@ -67,10 +67,11 @@ def estimate() -> list[str]:
     flops_per_token = 2 * KIMI["active_params"]
     tokens = SAMPLES * TOKENS_PER_SAMPLE
     lines = [
-        f"estimate for the real run: {SAMPLES:,} samples x {TOKENS_PER_SAMPLE:,} tokens = {tokens / 1e6:.0f}M "
-        f"tokens, prefill {flops_per_token / 1e9:.0f} GFLOP/token (2 x 32B active parameters, attention "
-        f"left out), 8 x H200 at {H200_BF16_DENSE_FLOPS / 1e12:.0f} TFLOP/s bf16 dense, MFU "
-        f"{PREFILL_MFU[0]:.0%}-{PREFILL_MFU[1]:.0%}, disk writes at {DISK_WRITE_BYTES_PER_S / 1e9:.0f} GB/s"
+        f"estimate for the real run: {SAMPLES:,} samples x {TOKENS_PER_SAMPLE:,} tokens = "
+        f"{tokens / 1e6:.0f}M tokens, prefill {flops_per_token / 1e9:.0f} GFLOP/token (2 x 32B active "
+        f"parameters, attention left out), 8 x H200 at {H200_BF16_DENSE_FLOPS / 1e12:.0f} TFLOP/s bf16 "
+        f"dense, MFU {PREFILL_MFU[0]:.0%}-{PREFILL_MFU[1]:.0%}, "
+        f"disk writes at {DISK_WRITE_BYTES_PER_S / 1e9:.0f} GB/s"
     ]
     lines.append("dtype     B/token   shards    tokens/s (compute)   compute time   disk-write time")
     for dtype in ("bfloat16", "fp8"):
@@ -80,7 +81,8 @@ def estimate() -> list[str]:
         write_hours = tokens * per_token / DISK_WRITE_BYTES_PER_S / 3600
         lines.append(
             f"{dtype:9} {per_token:>7,}   {tokens * per_token / 1e12:.2f} TB   "
-            f"{rates[0]:,.0f}-{rates[1]:,.0f}        {hours[0]:.1f}-{hours[1]:.1f} h        {write_hours:.1f} h"
+            f"{rates[0]:,.0f}-{rates[1]:,.0f}        {hours[0]:.1f}-{hours[1]:.1f} h        "
+            f"{write_hours:.1f} h"
         )
     return lines
 

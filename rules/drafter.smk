@@ -19,9 +19,10 @@ rule train_drafter:
     params:
         # The folder SGLang and vLLM load: the declared config.json and model.safetensors are its files.
         drafter_dir=lambda wildcards, output: str(Path(output.config).parent),
+        # Undeclared, like the shards: a killed training resumes from it; removed once the drafter is out.
+        checkpoint_dir=results(".checkpoints/drafter"),
         target=TARGET_DIR,
-        # What shapes the drafter; where it trains (device, gpus) is read from the config by the script.
-        settings={k: v for k, v in config["drafter"].items() if k not in ("device", "gpus")},
+        settings={k: v for k, v in config["drafter"].items() if k != "gpus"},
         holdout_per_dataset=config["eval"]["holdout_per_dataset"],
         holdout_ids=config["eval"]["holdout_ids"],
     log:
@@ -55,8 +56,7 @@ rule evaluate_drafter:
     params:
         drafter_dir=lambda wildcards, input: str(Path(input.config).parent),
         target=TARGET_DIR,
-        # What is measured; where it runs (eval.device, eval.dtype) is read from the config by the script.
-        settings={k: v for k, v in config["eval"].items() if k not in ("device", "dtype")},
+        settings=config["eval"],
         datasets=DATASETS,  # one per tokens/token_stats input, in their order
     log:
         logs("evaluate_drafter.log"),

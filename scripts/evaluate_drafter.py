@@ -28,8 +28,8 @@ with snakemake_job(snakemake) as log:
         num_draft_tokens=settings["num_draft_tokens"],
         max_new_tokens=settings["max_new_tokens"],
         batch_size=settings["batch_size"],
-        device=snakemake.config["eval"]["device"],
-        dtype=snakemake.config["eval"]["dtype"],
+        device=settings["device"],
+        dtype=settings["dtype"],
     )
     write_json(Path(snakemake.output.eval), {**result, "prompt_ids": [pid for _, pid, _ in prompts]})
     log.info("acceptance lengths: %s", {m: r["acceptance_length"] for m, r in result["methods"].items()})

@@ -13,13 +13,13 @@ with snakemake_job(snakemake) as log:
         per_dataset=snakemake.params.holdout_per_dataset,
         explicit=snakemake.params.holdout_ids,
     )
-    settings = {**snakemake.params.settings, "device": snakemake.config["drafter"]["device"]}
     report = train_drafter(
         [Path(p) for p in snakemake.input.manifests],
         Path(snakemake.params.target),
         Path(snakemake.params.drafter_dir),
         holdout_ids=set(holdout),
-        settings=TrainSettings(**settings),
+        settings=TrainSettings(**snakemake.params.settings),
+        checkpoint_dir=Path(snakemake.params.checkpoint_dir),
     )
     write_json(Path(snakemake.output.report), {**report, "holdout_ids": holdout})
     log.info("trained: %s", {k: v for k, v in report.items() if not isinstance(v, list | dict)})

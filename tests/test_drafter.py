@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
 from eaglepipe.drafter import DrafterError
@@ -466,15 +471,22 @@ def test_batched_rows_verify_exactly_as_one_prompt_at_a_time(trained, target, mo
     model, tokenizer = target
     stop = stop_token_id(tokenizer)
     drafter = load_exported(trained[0], model_dir)
-    questions = ["Why is the sun hot?", "What is 2+2? Answer with a number only.", "Tell me about cats.",
-                 "Count from one to ten, then list the days of the week."]
+    questions = [
+        "Why is the sun hot?",
+        "What is 2+2? Answer with a number only.",
+        "Tell me about cats.",
+        "Count from one to ten, then list the days of the week.",
+    ]
     prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
     assert len({len(p) for p in prompts}) == len(prompts)
     for make in (lambda: EagleProposer(drafter), PromptLookupProposer):
-        alone = [speculative_generate(model, p, make(), num_steps=3, max_new_tokens=20, stop_id=stop)
-                 for p in prompts]
-        batched = speculative_generate_batch(model, prompts, [make() for _ in prompts], num_steps=3,
-                                             max_new_tokens=20, stop_id=stop)
+        alone = [
+            speculative_generate(model, p, make(), num_steps=3, max_new_tokens=20, stop_id=stop)
+            for p in prompts
+        ]
+        batched = speculative_generate_batch(
+            model, prompts, [make() for _ in prompts], num_steps=3, max_new_tokens=20, stop_id=stop
+        )
         assert batched == alone
         assert len({run.target_forwards for run in alone}) > 1  # the rows really finish at different rounds
         assert any(run.accepted_drafts for run in alone)
@@ -485,8 +497,15 @@ def test_evaluate_reports_every_method(trained, model_dir, target):
     _, tokenizer = target
     questions = ["Count from one to five.", "Why is the sun hot?"]
     prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
-    report = evaluate(trained[0], model_dir, prompts, prompt_ids=["count", "sun"], prompt_sets=["a", "b"],
-                      max_new_tokens=12, batch_size=2)
+    report = evaluate(
+        trained[0],
+        model_dir,
+        prompts,
+        prompt_ids=["count", "sun"],
+        prompt_sets=["a", "b"],
+        max_new_tokens=12,
+        batch_size=2,
+    )
     for name in ("eagle3", "eagle3_untrained", "prompt_lookup"):
         method = report["methods"][name]
         assert method["acceptance_length"] >= 1.0 and method["tokens"] >= method["target_forwards"] >= 1
@@ -503,3 +522,69 @@ def test_evaluate_reports_every_method(trained, model_dir, target):
     assert report["held_out_prompts"] == 2 and report["outputs_identical_across_methods"] is True
     with pytest.raises(DrafterError, match="topk 1"):
         evaluate(trained[0], model_dir, prompts, topk=2)
+
+
+RESUMABLE_TRAINING = """
+import logging, sys
+from pathlib import Path
+from eaglepipe.drafter.train import TrainSettings, train_drafter
+logging.basicConfig(level=logging.INFO)
+manifest, target, out, checkpoints = map(Path, sys.argv[1:5])
+settings = TrainSettings(draft_vocab_size=256, ttt_length=3, lr=2e-3, epochs=6, batch_tokens=512,
+                         warmup_ratio=0.1, checkpoint_every=3)
+report = train_drafter([manifest], target, out, holdout_ids={"sun", "cats"}, settings=settings,
+                       checkpoint_dir=checkpoints)
+print(report["steps"], report["resumed_from_step"])
+"""
+
+
+def train_in_a_process(manifest: Path, model_dir: Path, out: Path, checkpoints: Path) -> subprocess.Popen:
+    paths = [str(manifest), str(model_dir), str(out), str(checkpoints)]
+    return subprocess.Popen([sys.executable, "-c", RESUMABLE_TRAINING, *paths], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+
+
+def test_a_sigkilled_training_resumes_and_ends_with_the_uninterrupted_weights(manifest, model_dir, tmp_path):
+    """Killed after a checkpoint, the rerun continues from it (model, optimizer, schedule, data order, RNG)
+    and exports exactly the weights of a run that was never stopped."""
+    checkpoints = tmp_path / "checkpoints"
+    killed = train_in_a_process(manifest, model_dir, tmp_path / "killed", checkpoints)
+    deadline = time.monotonic() + 600
+    while not (checkpoints / "latest.pt").exists():
+        assert killed.poll() is None and time.monotonic() < deadline, "training ended before a checkpoint"
+        time.sleep(0.05)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert not (tmp_path / "killed" / "model.safetensors").exists()
+
+    rerun = train_in_a_process(manifest, model_dir, tmp_path / "killed", checkpoints)
+    resumed, _ = rerun.communicate(timeout=900)
+    steps, resumed_from = resumed.split()
+    assert resumed_from != "None" and 3 <= int(resumed_from) < int(steps)
+    assert not (checkpoints / "latest.pt").exists()  # removed once the drafter is exported
+    whole, _ = train_in_a_process(manifest, model_dir, tmp_path / "whole", tmp_path / "other").communicate(
+        timeout=900)
+    assert whole.split() == [steps, "None"]
+    got = load_file(str(tmp_path / "killed" / "model.safetensors"))
+    want = load_file(str(tmp_path / "whole" / "model.safetensors"))
+    assert got.keys() == want.keys() and all(torch.equal(got[name], want[name]) for name in want)
+
+
+def test_a_checkpoint_of_another_training_is_not_resumed(manifest, model_dir, tmp_path, caplog):
+    first = TrainSettings(
+        draft_vocab_size=256, ttt_length=2, epochs=1, batch_tokens=512, max_steps=2, checkpoint_every=1
+    )
+    from eaglepipe.drafter.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "ckpt", {"fingerprint": "another training", "step": 1})
+    caplog.set_level("INFO")
+    report = train_drafter(
+        [manifest],
+        model_dir,
+        tmp_path / "out",
+        holdout_ids=HELD_OUT,
+        settings=first,
+        checkpoint_dir=tmp_path / "ckpt",
+    )
+    assert report["resumed_from_step"] is None and "another training's" in caplog.text
+    assert not (tmp_path / "ckpt" / "latest.pt").exists()  # replaced by this training's, then removed

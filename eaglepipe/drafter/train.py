@@ -23,6 +23,12 @@ import torch
 from torch import Tensor
 
 from eaglepipe.drafter import DrafterError
+from eaglepipe.drafter.checkpoint import (
+    load_checkpoint,
+    remove_checkpoint,
+    save_checkpoint,
+    training_fingerprint,
+)
 from eaglepipe.drafter.data import Sample, SampleRef, load_samples, open_hidden_data
 from eaglepipe.drafter.export import export_drafter, write_serving_readme
 from eaglepipe.drafter.frozen import load_target_embeddings
@@ -53,12 +59,15 @@ class TrainSettings:
     seed: int = 0
     dtype: str = "float32"  # "bfloat16" on GPU: autocast over float32 master weights
     device: str = "cpu"
+    checkpoint_every: int = 0  # steps between checkpoints (0: none)
 
     def __post_init__(self) -> None:
         positive = ("draft_vocab_size", "ttt_length", "epochs", "batch_tokens", "max_seq_len")
         for name in positive:
             if getattr(self, name) < 1:
                 raise DrafterError(f"training setting {name} is {getattr(self, name)}: it must be at least 1")
+        if self.checkpoint_every < 0:
+            raise DrafterError(f"training setting checkpoint_every is {self.checkpoint_every}: use 0 or more")
         if self.max_steps is not None and self.max_steps < 1:
             raise DrafterError(f"training setting max_steps is {self.max_steps}: use null or at least 1")
         if not (self.lr > 0 and 0 <= self.warmup_ratio < 1 and self.grad_clip > 0):
@@ -78,9 +87,16 @@ class Batch:
 
 
 def train_drafter(
-    manifests: list[Path], target_dir: Path, out_dir: Path, *, holdout_ids: set[str], settings: TrainSettings
+    manifests: list[Path],
+    target_dir: Path,
+    out_dir: Path,
+    *,
+    holdout_ids: set[str],
+    settings: TrainSettings,
+    checkpoint_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Train on every sample not held out and export to `out_dir`; return the report (train.json)."""
+    """Train on every sample not held out and export to `out_dir`; return the report (train.json). With a
+    `checkpoint_dir` and `settings.checkpoint_every`, a killed training resumes from its latest checkpoint."""
     started = time.perf_counter()
     data = open_hidden_data(manifests, holdout_ids=holdout_ids)
     if not data.samples:
@@ -88,8 +104,9 @@ def train_drafter(
             f"no training samples in {[str(m) for m in manifests]} after holding out "
             f"{len(data.held_out)}: generate more or hold out fewer"
         )
+    target_config = read_target_config(target_dir)
     config = Eagle3Config.from_target(
-        read_target_config(target_dir), settings.draft_vocab_size, data.aux_layer_ids, settings.dtype
+        target_config, settings.draft_vocab_size, data.aux_layer_ids, settings.dtype
     )
     check_engines_agree(config.aux_layer_ids)  # before training, not after
     if data.hidden_size != config.target_hidden_size:
@@ -107,11 +124,16 @@ def train_drafter(
     teacher = Teacher(lm_head.to(device, torch.float32), drafter.draft_to_target(draft_ids))
 
     batches = make_batches(data.samples, settings.batch_tokens, settings.max_seq_len)
+    manifest_shas = [file_sha256(Path(m)) for m in manifests]
+    shaping = dataclasses.asdict(settings)
+    fingerprint = training_fingerprint(manifest_shas, holdout_ids, target_config, shaping)
+    checkpoints = Checkpoints(checkpoint_dir, settings.checkpoint_every, fingerprint)
     fit_started = time.perf_counter()
-    progress = _fit(drafter, teacher, batches, settings)
+    progress = _fit(drafter, teacher, batches, settings, checkpoints)
     fit_seconds = time.perf_counter() - fit_started
     export_drafter(drafter.cpu(), out_dir)
     write_serving_readme(out_dir, str(target_dir))
+    remove_checkpoint(checkpoint_dir)
     correct, counted = (torch.stack(column).sum(0) for column in zip(*progress.window, strict=True))
     losses = progress.losses
     report = {
@@ -128,7 +150,11 @@ def train_drafter(
         "train_tokens": sum(ref.num_tokens for ref in data.samples),
         "held_out_prompt_ids": sorted(holdout_ids),
         "held_out_with_hidden_states": len(data.held_out),
-        "data": [{"manifest": str(m), "sha256": file_sha256(Path(m))} for m in manifests],
+        "data": [
+            {"manifest": str(m), "sha256": sha}
+            for m, sha in zip(manifests, manifest_shas, strict=True)
+        ],
+        "resumed_from_step": progress.resumed_from_step,
         "draft_vocab_size": config.draft_vocab_size,
         "aux_layer_ids": list(config.aux_layer_ids),
         "settings": dataclasses.asdict(settings),
@@ -142,10 +168,25 @@ class Progress:
     losses: list[float]
     window: deque[tuple[Tensor, Tensor]]  # (correct, counted) per step, over the last epoch's worth of steps
     tokens_seen: int = 0
+    resumed_from_step: int | None = None
+
+
+@dataclass
+class Checkpoints:
+    directory: Path | None
+    every: int
+    fingerprint: str
+
+    def due(self, step: int, total_steps: int) -> bool:
+        return self.directory is not None and self.every > 0 and step % self.every == 0 and step < total_steps
 
 
 def _fit(
-    drafter: Eagle3Drafter, teacher: Teacher, batches: list[list[SampleRef]], settings: TrainSettings
+    drafter: Eagle3Drafter,
+    teacher: Teacher,
+    batches: list[list[SampleRef]],
+    settings: TrainSettings,
+    checkpoints: Checkpoints,
 ) -> Progress:
     total_steps = len(batches) * settings.epochs
     if settings.max_steps is not None:
@@ -164,9 +205,25 @@ def _fit(
         device.type, dtype=getattr(torch, settings.dtype), enabled=settings.dtype != "float32"
     )
     progress = Progress(losses=[], window=deque(maxlen=len(batches)))
-    shown = StepProgress(log, "training", total_steps, unit="steps")
+    epoch_order: list[int] = []
+    position = 0  # batches of epoch_order already trained on
+    saved = load_checkpoint(checkpoints.directory, checkpoints.fingerprint)
+    if saved is not None:
+        drafter.load_state_dict(saved["drafter"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        order.set_state(saved["order_generator"])
+        torch.set_rng_state(saved["torch_rng"])
+        epoch_order, position = saved["epoch_order"], saved["position"]
+        progress.losses, progress.tokens_seen = saved["losses"], saved["tokens_seen"]
+        progress.window.extend(saved["window"])
+        progress.resumed_from_step = saved["step"]
+    shown = StepProgress(log, "training", total_steps - len(progress.losses), unit="steps")
     while len(progress.losses) < total_steps:
-        for index in torch.randperm(len(batches), generator=order).tolist():
+        if position == len(epoch_order):
+            epoch_order, position = torch.randperm(len(batches), generator=order).tolist(), 0
+        for index in epoch_order[position:]:
+            position += 1
             batch = collate(load_samples(batches[index]), device, key=index)
             with autocast:
                 loss, correct, counted = ttt_loss(drafter, teacher, batch, settings.ttt_length)
@@ -179,7 +236,23 @@ def _fit(
             progress.window.append((correct, counted))
             progress.tokens_seen += batch.num_tokens
             shown.advance(1, batch.num_tokens)
-            if len(progress.losses) == total_steps:
+            step = len(progress.losses)
+            if checkpoints.due(step, total_steps):
+                save_checkpoint(checkpoints.directory, {
+                    "fingerprint": checkpoints.fingerprint,
+                    "step": step,
+                    "drafter": drafter.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "order_generator": order.get_state(),
+                    "torch_rng": torch.get_rng_state(),
+                    "epoch_order": epoch_order,
+                    "position": position,
+                    "losses": progress.losses,
+                    "tokens_seen": progress.tokens_seen,
+                    "window": list(progress.window),
+                })
+            if step == total_steps:
                 break
     return progress
 
