@@ -64,7 +64,7 @@ test: install cluster-plugins browser vllm-env sglang-env
 	$(BIN)/pytest
 
 # The inner loop: everything but the end-to-end, Slurm and real-vLLM tests (about two minutes).
-test-fast: install
+test-fast: install cluster-plugins
 	$(BIN)/pytest -m "not slow and not slurm and not vllm and not sglang"
 
 # The report test opens the report in headless Chromium (Debian's `chromium`): installed once, as root
