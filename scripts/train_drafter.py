@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
+from eaglepipe.drafter.distributed import train_data_parallel
 from eaglepipe.drafter.holdout import select_holdout
-from eaglepipe.drafter.train import TrainSettings, train_drafter
+from eaglepipe.drafter.train import TrainSettings
 from eaglepipe.io import write_json
 from eaglepipe.jobs import snakemake_job
 
@@ -13,12 +14,16 @@ with snakemake_job(snakemake) as log:
         per_dataset=snakemake.params.holdout_per_dataset,
         explicit=snakemake.params.holdout_ids,
     )
-    report = train_drafter(
+    settings = TrainSettings(**snakemake.params.settings)
+    # One rank per GPU the job was given (data parallel through torchrun); on the CPU, this process.
+    gpus = int(getattr(snakemake.resources, "gpu", 0))
+    report = train_data_parallel(
+        gpus if settings.device.startswith("cuda") else 1,
         [Path(p) for p in snakemake.input.manifests],
         Path(snakemake.params.target),
         Path(snakemake.params.drafter_dir),
         holdout_ids=set(holdout),
-        settings=TrainSettings(**snakemake.params.settings),
+        settings=settings,
         checkpoint_dir=Path(snakemake.params.checkpoint_dir),
     )
     write_json(Path(snakemake.output.report), {**report, "holdout_ids": holdout})

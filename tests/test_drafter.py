@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from transformers import AutoConfig
 
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.data import load_samples, open_hidden_data
+from eaglepipe.drafter.distributed import train_data_parallel
 from eaglepipe.drafter.evaluate import (
     EagleProposer,
     PromptLookupProposer,
@@ -588,3 +590,22 @@ def test_a_checkpoint_of_another_training_is_not_resumed(manifest, model_dir, tm
     )
     assert report["resumed_from_step"] is None and "another training's" in caplog.text
     assert not (tmp_path / "ckpt" / "latest.pt").exists()  # replaced by this training's, then removed
+
+
+def test_two_data_parallel_ranks_train_as_one_process_accumulating_two_batches(manifest, model_dir, tmp_path):
+    """torchrun with 2 CPU ranks (gloo): each step's gradients averaged over the ranks equal one process's
+    accumulated over the same two batches, so the runs agree up to float summation order."""
+    settings = TrainSettings(draft_vocab_size=256, ttt_length=2, lr=2e-3, epochs=3, batch_tokens=128,
+                             warmup_ratio=0.0)
+    alone = train_drafter([manifest], model_dir, tmp_path / "one", holdout_ids=HELD_OUT,
+                          settings=dataclasses.replace(settings, batches_per_step=2))
+    ranks = train_data_parallel(2, [manifest], model_dir, tmp_path / "two", holdout_ids=HELD_OUT,
+                                settings=settings)
+    assert (alone["data_parallel_ranks"], ranks["data_parallel_ranks"]) == (1, 2)
+    assert ranks["steps"] == alone["steps"] >= 3 and ranks["tokens_seen"] == alone["tokens_seen"]
+    curve = [point["loss"] for point in alone["loss_curve"]]
+    assert [point["loss"] for point in ranks["loss_curve"]] == pytest.approx(curve, rel=1e-3)
+    one, two = load_file(str(tmp_path / "one" / "model.safetensors")), load_file(
+        str(tmp_path / "two" / "model.safetensors"))
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-3, atol=1e-4)

@@ -60,9 +60,12 @@ class TrainSettings:
     dtype: str = "float32"  # "bfloat16" on GPU: autocast over float32 master weights
     device: str = "cpu"
     checkpoint_every: int = 0  # steps between checkpoints (0: none)
+    batches_per_step: int = 1  # per rank: gradients accumulated over this many batches per optimizer step
 
     def __post_init__(self) -> None:
-        positive = ("draft_vocab_size", "ttt_length", "epochs", "batch_tokens", "max_seq_len")
+        positive = (
+            "draft_vocab_size", "ttt_length", "epochs", "batch_tokens", "max_seq_len", "batches_per_step"
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise DrafterError(f"training setting {name} is {getattr(self, name)}: it must be at least 1")
@@ -125,20 +128,23 @@ def train_drafter(
 
     batches = make_batches(data.samples, settings.batch_tokens, settings.max_seq_len)
     manifest_shas = [file_sha256(Path(m)) for m in manifests]
-    shaping = dataclasses.asdict(settings)
+    shaping = {**dataclasses.asdict(settings), "data_parallel_ranks": DataParallel.current().size}
     fingerprint = training_fingerprint(manifest_shas, holdout_ids, target_config, shaping)
     checkpoints = Checkpoints(checkpoint_dir, settings.checkpoint_every, fingerprint)
     fit_started = time.perf_counter()
     progress = _fit(drafter, teacher, batches, settings, checkpoints)
     fit_seconds = time.perf_counter() - fit_started
-    export_drafter(drafter.cpu(), out_dir)
-    write_serving_readme(out_dir, str(target_dir))
-    remove_checkpoint(checkpoint_dir)
+    ranks = DataParallel.current()
+    if ranks.rank == 0:  # every rank holds the same weights
+        export_drafter(drafter.cpu(), out_dir)
+        write_serving_readme(out_dir, str(target_dir))
+        remove_checkpoint(checkpoint_dir)
     correct, counted = (torch.stack(column).sum(0) for column in zip(*progress.window, strict=True))
     losses = progress.losses
     report = {
         "steps": len(losses),
-        "epochs": round(len(losses) / len(batches), 3),
+        "epochs": round(len(losses) * ranks.size * settings.batches_per_step / len(batches), 3),
+        "data_parallel_ranks": ranks.size,
         "tokens_seen": progress.tokens_seen,
         "tokens_per_second": round(progress.tokens_seen / fit_seconds, 1),
         "loss_curve": [{"step": s + 1, "loss": round(losses[s], 4)} for s in _curve_points(len(losses))],
@@ -188,23 +194,30 @@ def _fit(
     settings: TrainSettings,
     checkpoints: Checkpoints,
 ) -> Progress:
-    total_steps = len(batches) * settings.epochs
+    """The optimisation loop. A step takes `ranks x batches_per_step` batches of the seeded epoch order;
+    each rank runs its share and the gradients are averaged over ranks by one all-reduce, so N ranks train
+    exactly as one process with `batches_per_step` N would (up to float summation order)."""
+    ranks = DataParallel.current()
+    per_step = ranks.size * settings.batches_per_step
+    steps_per_epoch = len(batches) // per_step
+    if steps_per_epoch < 1:
+        raise DrafterError(
+            f"{len(batches)} batches cannot fill one step of {ranks.size} GPU(s) x drafter.batches_per_step "
+            f"{settings.batches_per_step}: lower drafter.batch_tokens or the GPUs, or train on more data"
+        )
+    total_steps = steps_per_epoch * settings.epochs
     if settings.max_steps is not None:
         total_steps = min(total_steps, settings.max_steps)
     device = torch.device(settings.device)
-    optimizer = torch.optim.AdamW(
-        [p for p in drafter.parameters() if p.requires_grad],
-        lr=settings.lr,
-        betas=(0.9, 0.95),
-        weight_decay=0.0,
-    )
+    parameters = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = warmup_cosine(total_steps, settings.warmup_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     order = torch.Generator().manual_seed(settings.seed)
     autocast = torch.autocast(
         device.type, dtype=getattr(torch, settings.dtype), enabled=settings.dtype != "float32"
     )
-    progress = Progress(losses=[], window=deque(maxlen=len(batches)))
+    progress = Progress(losses=[], window=deque(maxlen=steps_per_epoch))
     epoch_order: list[int] = []
     position = 0  # batches of epoch_order already trained on
     saved = load_checkpoint(checkpoints.directory, checkpoints.fingerprint)
@@ -220,41 +233,86 @@ def _fit(
         progress.resumed_from_step = saved["step"]
     shown = StepProgress(log, "training", total_steps - len(progress.losses), unit="steps")
     while len(progress.losses) < total_steps:
-        if position == len(epoch_order):
+        if position + per_step > len(epoch_order):  # a new epoch; the few batches left over wait for the next
             epoch_order, position = torch.randperm(len(batches), generator=order).tolist(), 0
-        for index in epoch_order[position:]:
-            position += 1
+        mine = epoch_order[position : position + per_step][ranks.rank :: ranks.size]
+        position += per_step
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum, tokens = 0.0, 0
+        correct = counted = torch.zeros(settings.ttt_length, dtype=torch.long)
+        for index in mine:
             batch = collate(load_samples(batches[index]), device, key=index)
             with autocast:
-                loss, correct, counted = ttt_loss(drafter, teacher, batch, settings.ttt_length)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), settings.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            progress.losses.append(loss.item())
-            progress.window.append((correct, counted))
-            progress.tokens_seen += batch.num_tokens
-            shown.advance(1, batch.num_tokens)
-            step = len(progress.losses)
-            if checkpoints.due(step, total_steps):
-                save_checkpoint(checkpoints.directory, {
-                    "fingerprint": checkpoints.fingerprint,
-                    "step": step,
-                    "drafter": drafter.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "order_generator": order.get_state(),
-                    "torch_rng": torch.get_rng_state(),
-                    "epoch_order": epoch_order,
-                    "position": position,
-                    "losses": progress.losses,
-                    "tokens_seen": progress.tokens_seen,
-                    "window": list(progress.window),
-                })
-            if step == total_steps:
-                break
+                loss, batch_correct, batch_counted = ttt_loss(drafter, teacher, batch, settings.ttt_length)
+            (loss / len(mine)).backward()
+            loss_sum, tokens = loss_sum + loss.item(), tokens + batch.num_tokens
+            correct, counted = correct + batch_correct, counted + batch_counted
+        loss_mean, tokens, correct, counted = ranks.average_gradients(
+            parameters, loss_sum / len(mine), tokens, correct, counted
+        )
+        torch.nn.utils.clip_grad_norm_(parameters, settings.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        progress.losses.append(loss_mean)
+        progress.window.append((correct, counted))
+        progress.tokens_seen += tokens
+        shown.advance(1, tokens)
+        step = len(progress.losses)
+        if checkpoints.due(step, total_steps) and ranks.rank == 0:
+            save_checkpoint(checkpoints.directory, {
+                "fingerprint": checkpoints.fingerprint,
+                "step": step,
+                "drafter": drafter.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "order_generator": order.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "epoch_order": epoch_order,
+                "position": position,
+                "losses": progress.losses,
+                "tokens_seen": progress.tokens_seen,
+                "window": list(progress.window),
+            })
     return progress
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This process's place among the data-parallel ranks (torchrun), or a single process."""
+
+    rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def current(cls) -> DataParallel:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
+    def average_gradients(
+        self, parameters: list[Tensor], loss: float, tokens: int, correct: Tensor, counted: Tensor
+    ) -> tuple[float, int, Tensor, Tensor]:
+        """Average the gradients over ranks in one all-reduce (what DDP does, without overlapping it with
+        the backward pass); sum the step's figures. Returns (mean loss, tokens, correct, counted)."""
+        if self.size == 1:
+            return loss, tokens, correct, counted
+        import torch.distributed as dist
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        flat = torch.cat([g.flatten() for g in grads])
+        figures = torch.cat([torch.tensor([loss, float(tokens)]), correct.double(), counted.double()])
+        flat = torch.cat([flat.double(), figures.to(flat.device)])
+        dist.all_reduce(flat)
+        offset = 0
+        for parameter, grad in zip(parameters, grads, strict=True):
+            parameter.grad = (flat[offset : offset + grad.numel()] / self.size).view_as(grad).to(grad.dtype)
+            offset += grad.numel()
+        figures = flat[offset:].cpu()
+        n = len(correct)
+        return (float(figures[0]) / self.size, int(figures[1]), figures[2 : 2 + n].long(),
+                figures[2 + n :].long())
 
 
 class Teacher:
