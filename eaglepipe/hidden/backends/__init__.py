@@ -93,6 +93,13 @@ def memory_problem(target_dir: str | Path, gpus: int, fraction: float, per_gpu_b
     )
 
 
+def gpu_memory_problem(target_dir: str | Path, gpus: int, fraction: float) -> str | None:
+    """`memory_problem` for this machine's first GPU (the engines' workers ask it before loading)."""
+    import torch
+
+    return memory_problem(target_dir, gpus, fraction, torch.cuda.get_device_properties(0).total_memory)
+
+
 @contextmanager
 def open_backend(
     settings: BackendSettings,

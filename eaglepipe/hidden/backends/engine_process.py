@@ -127,6 +127,34 @@ class EngineProcess:
             log.info("%s: %s", self.name, line)
 
 
+class EngineBackend:
+    """A `StateBackend` whose engine runs in an `EngineProcess`: started once for the job, and answering
+    [T, 4, H] stacks (the aux layers, then the engine's last-layer state) that `final_state` turns into the
+    post-norm final state."""
+
+    engine: EngineProcess
+
+    def __enter__(self) -> EngineBackend:
+        self.engine.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.engine.stop()
+
+    def final_state(self, last: Tensor) -> Tensor:
+        return last
+
+    def states(self, samples: list[Tensor]) -> list[Any]:
+        from eaglepipe.hidden.backends import CapturedStates
+
+        stacked, token_ids, offsets = self.engine.run(samples)
+        aux, final = stacked[:, :-1].flatten(1), self.final_state(stacked[:, -1])
+        return [
+            CapturedStates(token_ids[a:b], aux[a:b], final[a:b])
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+        ]
+
+
 class WorkerReplies:
     """The worker's side of the protocol: requests from stdin, answers on the reply descriptor."""
 

@@ -13,15 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from torch import Tensor
-
 from eaglepipe.hidden import HiddenError
-from eaglepipe.hidden.backends import BackendSettings, CapturedStates, TargetShape
-from eaglepipe.hidden.backends.engine_process import EngineProcess
+from eaglepipe.hidden.backends import BackendSettings, TargetShape
+from eaglepipe.hidden.backends.engine_process import EngineBackend, EngineProcess
 from eaglepipe.target.layer_ids import sglang_capture_ids
 
 
-class SGLangBackend:
+class SGLangBackend(EngineBackend):
+    """SGLang hands the logits step post-norm states: `final` is taken as it comes."""
+
     def __init__(
         self,
         settings: BackendSettings,
@@ -60,18 +60,3 @@ class SGLangBackend:
                 str(shape.hidden_size),
             ],
         )
-
-    def __enter__(self) -> SGLangBackend:
-        self.engine.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.engine.stop()
-
-    def states(self, samples: list[Tensor]) -> list[CapturedStates]:
-        stacked, token_ids, offsets = self.engine.run(samples)
-        aux, final = stacked[:, :-1].flatten(1), stacked[:, -1]
-        return [
-            CapturedStates(token_ids[a:b], aux[a:b], final[a:b])
-            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
-        ]

@@ -19,7 +19,7 @@ import socket
 from array import array
 from typing import Any
 
-from eaglepipe.hidden.backends import memory_problem
+from eaglepipe.hidden.backends import gpu_memory_problem
 from eaglepipe.hidden.backends.engine_process import WorkerReplies
 
 SGLANG_VERSION = "0.5.14"
@@ -222,12 +222,7 @@ def main() -> None:
             "give the job the GPUs it asks for (resources gpu) or lower hidden.gpus"
         )
         return
-    problem = memory_problem(
-        args.target,
-        args.tensor_parallel,
-        args.memory_fraction,
-        torch.cuda.get_device_properties(0).total_memory,
-    )
+    problem = gpu_memory_problem(args.target, args.tensor_parallel, args.memory_fraction)
     if problem:
         replies.error(problem)
         return

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from eaglepipe.hidden import HiddenError
-from eaglepipe.hidden.backends import BackendSettings, CapturedStates, TargetShape
-from eaglepipe.hidden.backends.engine_process import EngineProcess
+from eaglepipe.hidden.backends import BackendSettings, TargetShape
+from eaglepipe.hidden.backends.engine_process import EngineBackend, EngineProcess
 from eaglepipe.target.layer_ids import vllm_capture_ids
 from eaglepipe.target.weights import read_named_tensor
 
@@ -30,7 +30,7 @@ def rms_norm(states: Tensor, weight: Tensor, eps: float) -> Tensor:
     return states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
 
 
-class VLLMBackend:
+class VLLMBackend(EngineBackend):
     def __init__(
         self,
         settings: BackendSettings,
@@ -68,18 +68,6 @@ class VLLMBackend:
         )
         self.engine.arguments += ["--storage", str(self.engine.scratch / "vllm")]
 
-    def __enter__(self) -> VLLMBackend:
-        self.engine.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.engine.stop()
-
-    def states(self, samples: list[Tensor]) -> list[CapturedStates]:
-        stacked, token_ids, offsets = self.engine.run(samples)
-        aux = stacked[:, :-1].flatten(1)
-        final = rms_norm(stacked[:, -1], self.norm_weight, self.shape.rms_norm_eps)
-        return [
-            CapturedStates(token_ids[a:b], aux[a:b], final[a:b])
-            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
-        ]
+    def final_state(self, last: Tensor) -> Tensor:
+        """vLLM's last layer is before the final norm; the stored `final` is after it."""
+        return rms_norm(last, self.norm_weight, self.shape.rms_norm_eps)

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.hidden.backends import memory_problem
+from eaglepipe.hidden.backends import gpu_memory_problem
 from eaglepipe.hidden.backends.engine_process import WorkerReplies
 
 VLLM_VERSION = "0.32"  # the connector relies on this version's private methods (constraints-vllm.txt)
@@ -84,12 +84,7 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     if args.device == "cuda":
-        problem = memory_problem(
-            args.target,
-            args.tensor_parallel,
-            args.memory_fraction,
-            torch.cuda.get_device_properties(0).total_memory,
-        )
+        problem = gpu_memory_problem(args.target, args.tensor_parallel, args.memory_fraction)
         if problem:
             replies.error(problem)
             return
