@@ -80,7 +80,7 @@ def test_the_real_config_through_the_slurm_profile_asks_gpus_memory_and_runtime_
         ("8", "h100", "1500000", "1440")
     }
     (train,) = job_resources(run, "train_drafter")
-    assert (train["gpu"], train["gpu_model"], train["runtime"]) == ("1", "h100", "2880")
+    assert (train["gpu"], train["gpu_model"], train["runtime"]) == ("8", "h100", "2880")
     # Rules without GPUs never ask a GPU type.
     assert all("gpu_model" not in r for r in job_resources(run, "tokens"))
 
