@@ -23,6 +23,7 @@ rule train_drafter:
         checkpoint_dir=results(".checkpoints/drafter"),
         target=TARGET_DIR,
         settings={k: v for k, v in config["drafter"].items() if k != "gpus"},
+        datasets=DATASETS,  # one per manifests input, in their order (for drafter.set_weights)
         holdout_per_dataset=config["eval"]["holdout_per_dataset"],
         holdout_ids=config["eval"]["holdout_ids"],
     log:

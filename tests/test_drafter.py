@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
 from eaglepipe.drafter import DrafterError
-from eaglepipe.drafter.data import load_samples, open_hidden_data
+from eaglepipe.drafter.data import SampleRef, load_samples, open_hidden_data
 from eaglepipe.drafter.distributed import train_data_parallel
 from eaglepipe.drafter.evaluate import (
     EagleProposer,
@@ -40,6 +40,7 @@ from eaglepipe.drafter.train import (
     Teacher,
     TrainSettings,
     collate,
+    mix_sets,
     shift_left,
     train_drafter,
     ttt_loss,
@@ -609,3 +610,24 @@ def test_two_data_parallel_ranks_train_as_one_process_accumulating_two_batches(m
         str(tmp_path / "two" / "model.safetensors"))
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-3, atol=1e-4)
+
+
+def test_set_weights_repeat_or_subsample_each_set_and_name_unknown_sets(manifest, model_dir, tmp_path):
+    refs = [SampleRef(f"a{i}", Path("a"), 0, 1, source=0) for i in range(4)] + [
+        SampleRef(f"b{i}", Path("b"), 0, 1, source=1) for i in range(6)]
+    mixed = mix_sets(refs, [2.0, 0.5], seed=0)
+    assert [r.prompt_id for r in mixed[:8]] == [f"a{i}" for i in range(4)] * 2
+    half = mixed[8:]
+    assert len(half) == 3 and {r.prompt_id for r in half} < {f"b{i}" for i in range(6)}
+    assert mix_sets(refs, [2.0, 0.5], seed=0) == mixed and mix_sets(refs, [0.0, 1.0], seed=0) == refs[4:]
+
+    settings = TrainSettings(draft_vocab_size=256, ttt_length=2, epochs=1, batch_tokens=512, max_steps=1)
+    plain = train_drafter([manifest], model_dir, tmp_path / "plain", holdout_ids=HELD_OUT, settings=settings,
+                          set_names=["demo"])
+    twice = dataclasses.replace(settings, set_weights={"demo": 2.0})
+    doubled = train_drafter([manifest], model_dir, tmp_path / "doubled", holdout_ids=HELD_OUT, settings=twice,
+                            set_names=["demo"])
+    assert doubled["train_samples_by_set"] == {"demo": 2 * plain["train_samples_by_set"]["demo"]}
+    with pytest.raises(DrafterError, match=r"drafter.set_weights names \['B9'\], not sets of this run"):
+        train_drafter([manifest], model_dir, tmp_path / "x", holdout_ids=HELD_OUT, set_names=["demo"],
+                      settings=dataclasses.replace(settings, set_weights={"B9": 1.0}))

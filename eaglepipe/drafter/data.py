@@ -30,6 +30,7 @@ class SampleRef:
     shard: Path
     start: int
     stop: int
+    source: int = 0  # index of the manifest (the prompt set) it came from
 
     @property
     def num_tokens(self) -> int:
@@ -60,7 +61,7 @@ def open_hidden_data(manifests: list[Path], *, holdout_ids: set[str]) -> HiddenD
     held_out: list[str] = []
     counts = torch.zeros(0, dtype=torch.long)
     layout: tuple[list[int], int] | None = None
-    for manifest_path in manifests:
+    for source, manifest_path in enumerate(manifests):
         manifest = _read_manifest(manifest_path)
         this_layout = (manifest["aux_layer_ids"], manifest["hidden_size"])
         if layout is not None and this_layout != layout:
@@ -79,7 +80,7 @@ def open_hidden_data(manifests: list[Path], *, holdout_ids: set[str]) -> HiddenD
                 if prompt_id in holdout_ids:
                     held_out.append(prompt_id)
                     continue
-                samples.append(SampleRef(prompt_id, shard, start, stop))
+                samples.append(SampleRef(prompt_id, shard, start, stop, source))
                 counts = _add_counts(counts, torch.bincount(input_ids[start:stop][loss_mask[start:stop]]))
         if listed != list(manifest["prompt_ids"]):
             raise DrafterError(f"{manifest_path}: prompt_ids differ from its shards': rerun the hidden stage")

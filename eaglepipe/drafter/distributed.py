@@ -32,6 +32,7 @@ def train_data_parallel(
     holdout_ids: set[str],
     settings: TrainSettings,
     checkpoint_dir: Path | None = None,
+    set_names: list[str] | None = None,
 ) -> dict[str, Any]:
     """`train_drafter` over `processes` ranks (GPUs when `settings.device` is cuda, else CPU processes
     talking over gloo); the report of rank 0. With one process, trains here."""
@@ -43,6 +44,7 @@ def train_data_parallel(
             holdout_ids=holdout_ids,
             settings=settings,
             checkpoint_dir=checkpoint_dir,
+            set_names=set_names,
         )
     with tempfile.TemporaryDirectory(prefix="eaglepipe-train-") as scratch:
         job = Path(scratch) / "job.json"
@@ -56,6 +58,7 @@ def train_data_parallel(
                     "holdout_ids": sorted(holdout_ids),
                     "settings": dataclasses.asdict(settings),
                     "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None,
+                "set_names": set_names,
                     "report": str(report),
                 }
             )
@@ -105,6 +108,7 @@ def main() -> None:
             holdout_ids=set(job["holdout_ids"]),
             settings=settings,
             checkpoint_dir=Path(job["checkpoint_dir"]) if job["checkpoint_dir"] else None,
+            set_names=job["set_names"],
         )
         if dist.get_rank() == 0:
             Path(job["report"]).write_text(json.dumps(report))

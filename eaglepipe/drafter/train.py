@@ -61,6 +61,7 @@ class TrainSettings:
     device: str = "cpu"
     checkpoint_every: int = 0  # steps between checkpoints (0: none)
     batches_per_step: int = 1  # per rank: gradients accumulated over this many batches per optimizer step
+    set_weights: dict[str, float] = dataclasses.field(default_factory=dict)  # by set name; others 1.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -69,6 +70,8 @@ class TrainSettings:
         for name in positive:
             if getattr(self, name) < 1:
                 raise DrafterError(f"training setting {name} is {getattr(self, name)}: it must be at least 1")
+        if any(weight < 0 for weight in self.set_weights.values()):
+            raise DrafterError(f"config key drafter.set_weights {self.set_weights}: weights must be >= 0")
         if self.checkpoint_every < 0:
             raise DrafterError(f"training setting checkpoint_every is {self.checkpoint_every}: use 0 or more")
         if self.max_steps is not None and self.max_steps < 1:
@@ -97,9 +100,11 @@ def train_drafter(
     holdout_ids: set[str],
     settings: TrainSettings,
     checkpoint_dir: Path | None = None,
+    set_names: list[str] | None = None,
 ) -> dict[str, Any]:
     """Train on every sample not held out and export to `out_dir`; return the report (train.json). With a
-    `checkpoint_dir` and `settings.checkpoint_every`, a killed training resumes from its latest checkpoint."""
+    `checkpoint_dir` and `settings.checkpoint_every`, a killed training resumes from its latest checkpoint.
+    `set_names` name the manifests' prompt sets, for `settings.set_weights`."""
     started = time.perf_counter()
     data = open_hidden_data(manifests, holdout_ids=holdout_ids)
     if not data.samples:
@@ -126,7 +131,14 @@ def train_drafter(
     draft_ids = torch.arange(config.draft_vocab_size, device=device)
     teacher = Teacher(lm_head.to(device, torch.float32), drafter.draft_to_target(draft_ids))
 
-    batches = make_batches(data.samples, settings.batch_tokens, settings.max_seq_len)
+    names = list(set_names) if set_names is not None else [str(m) for m in manifests]
+    unknown = sorted(set(settings.set_weights) - set(names))
+    if unknown:
+        raise DrafterError(f"config key drafter.set_weights names {unknown}, not sets of this run ({names})")
+    mixed = mix_sets(data.samples, [settings.set_weights.get(name, 1.0) for name in names], settings.seed)
+    if not mixed:
+        raise DrafterError(f"drafter.set_weights {settings.set_weights} leave no training sample: raise one")
+    batches = make_batches(mixed, settings.batch_tokens, settings.max_seq_len)
     manifest_shas = [file_sha256(Path(m)) for m in manifests]
     shaping = {**dataclasses.asdict(settings), "data_parallel_ranks": DataParallel.current().size}
     fingerprint = training_fingerprint(manifest_shas, holdout_ids, target_config, shaping)
@@ -153,6 +165,7 @@ def train_drafter(
         ],
         "ttt_accuracy_window_steps": len(progress.window),
         "train_samples": len(data.samples),
+        "train_samples_by_set": {name: sum(ref.source == i for ref in mixed) for i, name in enumerate(names)},
         "train_tokens": sum(ref.num_tokens for ref in data.samples),
         "held_out_prompt_ids": sorted(holdout_ids),
         "held_out_with_hidden_states": len(data.held_out),
@@ -396,6 +409,21 @@ class SoftCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         logits, probs, rows = ctx.saved_tensors
         return (logits.softmax(-1) - probs[rows]) * (grad / max(len(rows), 1)), None, None
+
+
+def mix_sets(samples: list[SampleRef], weights: list[float], seed: int) -> list[SampleRef]:
+    """Each set's samples `int(w)` times, plus a seeded share `w - int(w)` of them once more: weight 2
+    shows a set twice per epoch, 0.5 half of it (the same half every epoch), 0 leaves it out."""
+    generator = torch.Generator().manual_seed(seed)
+    mixed: list[SampleRef] = []
+    for source, weight in enumerate(weights):
+        own = [ref for ref in samples if ref.source == source]
+        mixed += own * int(weight)
+        extra = round((weight - int(weight)) * len(own))
+        if extra:
+            chosen = torch.randperm(len(own), generator=generator)[:extra].sort().values.tolist()
+            mixed += [own[i] for i in chosen]
+    return mixed
 
 
 def make_batches(samples: list[SampleRef], batch_tokens: int, max_seq_len: int) -> list[list[SampleRef]]:
