@@ -20,7 +20,14 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from eaglepipe.hidden import HiddenError
-from eaglepipe.hidden.backends import STORED, BackendSettings, CapturedStates, TargetShape, open_backend
+from eaglepipe.hidden.backends import (
+    STORED,
+    BackendSettings,
+    CapturedStates,
+    StateBackend,
+    TargetShape,
+    open_backend,
+)
 from eaglepipe.hidden.shards import (
     ShardPlan,
     encode_states,
@@ -205,7 +212,7 @@ def extract_hidden(
 
 
 def _compute_shard(
-    backend,
+    backend: StateBackend,
     data: SetTokens,
     plan: ShardPlan,
     shard_dir: Path,
@@ -217,6 +224,11 @@ def _compute_shard(
     samples = data.samples[plan.first : plan.last]
     prompt_ids = data.prompt_ids[plan.first : plan.last]
     captured = backend.states(samples)
+    if len(captured) != len(samples):
+        raise HiddenError(
+            f"{shard_dir / plan.name}: the {type(backend).__name__} returned states for {len(captured)} of "
+            f"{len(samples)} samples: check the engine version against the pinned one"
+        )
     for prompt_id, ids, states in zip(prompt_ids, samples, captured, strict=True):
         check_agreement(prompt_id, ids, states, shape.hidden_size)
     aux = torch.cat([states.aux for states in captured])
