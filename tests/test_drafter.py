@@ -547,6 +547,7 @@ def train_in_a_process(manifest: Path, model_dir: Path, out: Path, checkpoints: 
                             stderr=subprocess.DEVNULL, text=True)
 
 
+@pytest.mark.slow  # subprocesses (a kill, torchrun) or bf16 on the CPU: CI runs it
 def test_a_sigkilled_training_resumes_and_ends_with_the_uninterrupted_weights(manifest, model_dir, tmp_path):
     """Killed after a checkpoint, the rerun continues from it (model, optimizer, schedule, data order, RNG)
     and exports exactly the weights of a run that was never stopped."""
@@ -593,6 +594,7 @@ def test_a_checkpoint_of_another_training_is_not_resumed(manifest, model_dir, tm
     assert not (tmp_path / "ckpt" / "latest.pt").exists()  # replaced by this training's, then removed
 
 
+@pytest.mark.slow  # subprocesses (a kill, torchrun) or bf16 on the CPU: CI runs it
 def test_two_data_parallel_ranks_train_as_one_process_accumulating_two_batches(manifest, model_dir, tmp_path):
     """torchrun with 2 CPU ranks (gloo): each step's gradients averaged over the ranks equal one process's
     accumulated over the same two batches, so the runs agree up to float summation order."""

@@ -157,6 +157,7 @@ extract_hidden(tokens, tokens.with_name("tokens.json"), model, out / "hidden", o
 """
 
 
+@pytest.mark.slow  # subprocesses (a kill, torchrun) or bf16 on the CPU: CI runs it
 def test_killed_mid_run_a_rerun_computes_only_the_missing_shards(tmp_path, model_dir, caplog):
     rows = [[1] + [100 + 7 * i + j for j in range(40 + i)] + [2] for i in range(16)]
     token_path = write_tokens(tmp_path, rows, [f"p{i}" for i in range(16)])
@@ -179,6 +180,7 @@ def test_killed_mid_run_a_rerun_computes_only_the_missing_shards(tmp_path, model
     assert resumed == extract(token_path, model_dir, whole, shard_tokens=1)
 
 
+@pytest.mark.slow  # subprocesses (a kill, torchrun) or bf16 on the CPU: CI runs it
 def test_fp8_shards_decode_within_fp8_error_of_bf16_ones_and_train_from_them(tmp_path, model_dir, token_file):
     token_path, _ = token_file
     bf16 = extract(token_path, model_dir, tmp_path / "bf16", dtype="bfloat16")
