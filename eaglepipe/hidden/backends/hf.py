@@ -35,12 +35,13 @@ class HFBackend:
         """Whole samples, batched by padded token count (`batch_tokens`)."""
         captured: list[CapturedStates] = []
         batch: list[Tensor] = []
+        longest = 0  # of the batch being filled: its padded width
         for ids in samples:
-            longest = max([len(ids)] + [len(b) for b in batch])
-            if batch and longest * (len(batch) + 1) > self.settings.batch_tokens:
+            if batch and max(longest, len(ids)) * (len(batch) + 1) > self.settings.batch_tokens:
                 captured += self._forward(batch)
-                batch = []
+                batch, longest = [], 0
             batch.append(ids)
+            longest = max(longest, len(ids))
         if batch:
             captured += self._forward(batch)
         return captured
