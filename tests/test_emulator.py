@@ -9,7 +9,7 @@ import os
 import httpx
 import pytest
 
-from eaglepipe.emulator.api_schemas import validate
+from eaglepipe.emulator.api_schemas import validate, validate_error
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.target.chat import render_prompt_ids
@@ -90,7 +90,7 @@ def test_catalogue_matches_schemas(client):
 def test_unknown_model_endpoints_is_404_in_openrouter_shape(client):
     response = client.get("/models/nobody/nothing/endpoints")
     assert response.status_code == 404
-    validate("error", response.json())
+    validate_error(response.url.path, response.status_code, response.json())
     assert response.json()["error"]["code"] == 404
 
 
@@ -162,7 +162,7 @@ def test_generation_record_repeats_provider_tokens_and_cost(client):
     assert data["total_cost"] == pytest.approx(usage["cost"])
     missing = client.get("/generation", params={"id": "gen-unknown"})
     assert missing.status_code == 404
-    validate("error", missing.json())
+    validate_error(missing.url.path, missing.status_code, missing.json())
 
 
 def test_stream_gives_the_same_text_ids_and_usage(client):
@@ -206,7 +206,7 @@ def test_routing_filters_reach_the_server(client, endpoints):
     ]:
         response = client.post("/chat/completions", json=chat(STOPS, provider=provider))
         assert response.status_code == status
-        validate("error", response.json())
+        validate_error(response.url.path, response.status_code, response.json())
         assert response.json()["error"]["code"] == status
 
 
@@ -214,7 +214,7 @@ def test_bad_requests_are_400_in_openrouter_shape(client):
     for body in [chat(STOPS, model="nobody/nothing"), {"model": MODEL_ID}, chat(STOPS, max_tokens=-1)]:
         response = client.post("/chat/completions", json=body)
         assert response.status_code == 400
-        validate("error", response.json())
+        validate_error(response.url.path, response.status_code, response.json())
     response = client.post("/chat/completions", content=b"{not json")
     assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
 
@@ -312,7 +312,7 @@ def test_key_credit_limit_and_config(model_dir, tmp_path):
                 http.get("/key", headers=headers),
             ):
                 assert response.status_code == 401
-                validate("error", response.json())
+                validate_error(response.url.path, response.status_code, response.json())
         listing = http.get(f"/models/{MODEL_ID}/endpoints").json()["data"]["endpoints"]  # needs no key
         assert [(e["tag"], e["status"]) for e in listing] == [("solo/int4", 0), ("down", -3)]
 
@@ -324,7 +324,7 @@ def test_key_credit_limit_and_config(model_dir, tmp_path):
         assert answer["provider"] == "Solo" and answer["usage"]["cost"] > limit
         refused = http.post("/chat/completions", json=chat(STOPS), headers=right)
         assert refused.status_code == 402
-        validate("error", refused.json())
+        validate_error(refused.url.path, refused.status_code, refused.json())
         key = http.get("/key", headers=right).json()["data"]
         assert key["usage"] == pytest.approx(answer["usage"]["cost"]) and key["limit_remaining"] == 0
         stats = http.get("/emulator/stats").json()

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eaglepipe.emulator.api_schemas import validate
+from eaglepipe.emulator.api_schemas import validate, validate_error
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.faults import load_faults
 from eaglepipe.emulator.runner import running_emulator
@@ -68,7 +68,7 @@ def plain_outcome(http: httpx.Client) -> tuple[str, dict | None]:
         assert error["availability"] == {"retry_after": 1.5, "retryable": True}
         assert (error["metadata"]["retry_after"], error["metadata"]["reason"]) == (1.5, "capacity_exhausted")
     if response.status_code != 200:
-        validate("error", answer)
+        validate_error(response.url.path, response.status_code, answer)
         assert answer["error"]["code"] == response.status_code
         return f"status {response.status_code}", None
     if not answer["choices"]:

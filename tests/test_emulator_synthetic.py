@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from eaglepipe.emulator.__main__ import parse_args
-from eaglepipe.emulator.api_schemas import validate
+from eaglepipe.emulator.api_schemas import validate, validate_error
 from eaglepipe.emulator.runner import running_emulator
 
 MODEL_ID = "local/smollm2-135m-instruct"
@@ -161,7 +161,7 @@ def test_credit_limit_stops_the_run_until_raised_live(http: httpx.Client) -> Non
     assert answer == {"limit": spent, "key_limit": None, "in_flight_budget": None, "usage": spent}
     refused = http.post("/chat/completions", json=chat("Out of credit?"))
     assert refused.status_code == 402
-    validate("error", refused.json())
+    validate_error(refused.url.path, refused.status_code, refused.json())
     assert http.get("/key").json()["data"]["limit_remaining"] == 0
     assert http.post("/emulator/credit", json={"limit": spent + 1}).status_code == 200
     assert http.post("/chat/completions", json=chat("Credit again")).status_code == 200
@@ -177,7 +177,7 @@ def test_key_limit_and_a_too_dear_request_answer_as_openrouter_documents(http: h
     try:
         refused = http.post("/chat/completions", json=chat("Key spent?"))
         assert refused.status_code == 403
-        validate("error", refused.json())
+        validate_error(refused.url.path, refused.status_code, refused.json())
         metadata = refused.json()["error"]["metadata"]
         assert metadata["limit_source"] == "openrouter_key_limit" and metadata["limit_usd"] == spent
         assert http.get("/key").json()["data"]["limit_remaining"] == 0
@@ -185,7 +185,7 @@ def test_key_limit_and_a_too_dear_request_answer_as_openrouter_documents(http: h
         http.post("/emulator/credit", json={"key_limit": None, "in_flight_budget": 1e-6}).raise_for_status()
         too_dear = http.post("/chat/completions", json=chat("Too dear?", max_tokens=50))
         assert too_dear.status_code == 402
-        validate("error", too_dear.json())
+        validate_error(too_dear.url.path, too_dear.status_code, too_dear.json())
         error = too_dear.json()["error"]
         assert "fewer max_tokens" in error["message"]
         assert error["metadata"]["reason"] == "weight_exceeds_budget"
@@ -222,7 +222,7 @@ def test_generation_record_appears_only_after_the_delay(paced: httpx.Client) -> 
     answer = paced.post("/chat/completions", json=chat("Quick", max_tokens=2)).json()
     early = paced.get("/generation", params={"id": answer["id"]})
     assert early.status_code == 404
-    validate("error", early.json())
+    validate_error(early.url.path, early.status_code, early.json())
     time.sleep(0.35)
     assert paced.get("/generation", params={"id": answer["id"]}).json()["data"]["total_cost"] > 0
 

@@ -106,14 +106,16 @@ class Completion:
         }
 
     def header(self, obj: str) -> dict[str, Any]:
-        return {
+        header = {
             "id": self.id,
             "provider": self.endpoint.public["provider_name"],
             "model": self.model_id,
             "object": obj,
             "created": self.created,
-            "system_fingerprint": None,
         }
+        # As OpenRouter documents it: a whole answer always has one (string or null), a chunk a string or
+        # none at all. The emulator has no fingerprint to give.
+        return {**header, "system_fingerprint": None} if obj == "chat.completion" else header
 
     def body(self, content: str, logprobs: dict[str, Any] | None, with_token_ids: bool) -> dict[str, Any]:
         """The non-streamed `/chat/completions` answer."""
