@@ -19,6 +19,8 @@ rule all:
         results("drafter/model.safetensors"),
         results("drafter/eval.json"),
         expand(results("figures/{stem}.png"), stem=FIGURES),
+        # The learning curve, when training keeps drafters along the way (drafter.curve_points).
+        [results("drafter/curve.json")] if config["drafter"]["curve_points"] else [],
     default_target: True
 
 
@@ -27,5 +29,5 @@ include: "rules/prompts.smk"  # 0. {paths.prompts}/{ds}.jsonl from each set's so
 include: "rules/generate.smk"  # 1. providers.json, {ds}/responses.jsonl (paid)
 include: "rules/tokens.smk"  # 2. {ds}/tokens.safetensors + tokens.json
 include: "rules/hidden.smk"  # 3. {ds}/hidden.done + shards (GPU)
-include: "rules/drafter.smk"  # 4-5. drafter/{config.json, model.safetensors, eval.json}
+include: "rules/drafter.smk"  # 4-5. drafter/{config.json, model.safetensors, eval.json, curve.json}
 include: "rules/figures.smk"  # 6. figures/*.png for the report; the end-of-run table

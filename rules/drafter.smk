@@ -16,6 +16,8 @@ rule train_drafter:
             category=REPORT_CATEGORY["drafter"],
         ),
         serving=results("drafter/README.md"),
+        # The drafters kept along training (drafter.curve_points) for the learning curve; index.json only if 0.
+        snapshots=directory(results("drafter/snapshots")),
     params:
         # The folder SGLang and vLLM load: the declared config.json and model.safetensors are its files.
         drafter_dir=lambda wildcards, output: str(Path(output.config).parent),
@@ -71,3 +73,39 @@ rule evaluate_drafter:
         "../envs/gpu.yaml"
     script:
         "../scripts/evaluate_drafter.py"
+
+
+# 6. The learning curve: acceptance on the held-out prompts of the drafters kept along training
+#    (drafter.curve_points), beside the untrained drafter and prompt lookup. Asked for only when they are kept.
+rule drafter_curve:
+    input:
+        snapshots=results("drafter/snapshots"),
+        config=results("drafter/config.json"),
+        weights=results("drafter/model.safetensors"),
+        report=results("drafter/train.json"),
+        tokens=expand(results("{ds}/tokens.safetensors"), ds=DATASETS),
+        token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
+        model=embedded_target(),
+    output:
+        curve=report(
+            results("drafter/curve.json"),
+            caption="../report/curve_json.rst",
+            category=REPORT_CATEGORY["drafter"],
+        ),
+    params:
+        drafter_dir=lambda wildcards, input: str(Path(input.config).parent),
+        target=TARGET_DIR,
+        settings=config["eval"],
+        datasets=DATASETS,  # one per tokens/token_stats input, in their order
+    log:
+        logs("drafter_curve.log"),
+    threads: CLUSTER["evaluate_drafter"]["cpus"]
+    resources:
+        gpu=min(config["drafter"]["gpus"], 1),
+        **gpu_model(min(config["drafter"]["gpus"], 1)),
+        mem_mb=CLUSTER["evaluate_drafter"]["mem_mb"],
+        runtime=CLUSTER["evaluate_drafter"]["runtime_min"],
+    conda:
+        "../envs/gpu.yaml"
+    script:
+        "../scripts/drafter_curve.py"

@@ -26,6 +26,7 @@ with snakemake_job(snakemake) as log:
         settings=settings,
         checkpoint_dir=Path(snakemake.params.checkpoint_dir),
         set_names=list(snakemake.params.datasets),
+        snapshot_dir=Path(snakemake.output.snapshots),
     )
     write_json(Path(snakemake.output.report), {**report, "holdout_ids": holdout})
     log.info("trained: %s", {k: v for k, v in report.items() if not isinstance(v, list | dict)})

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from eaglepipe.drafter.evaluate import (
     EagleProposer,
     PromptLookupProposer,
     evaluate,
+    learning_curve,
     speculative_generate,
     speculative_generate_batch,
     untrained_like,
@@ -527,6 +529,40 @@ def test_evaluate_reports_every_method(trained, model_dir, target):
         evaluate(trained[0], model_dir, prompts, topk=2)
 
 
+def test_learning_curve_measures_the_kept_drafters_as_evaluate_does(manifest, model_dir, target, tmp_path):
+    """Drafters kept at evenly spaced steps; the curve's last point is the final drafter, measured exactly as
+    eval.json measures it, after an untrained point at 0 tokens; prompt lookup beside them."""
+    settings = TrainSettings(
+        draft_vocab_size=256, ttt_length=2, lr=2e-3, epochs=3, batch_tokens=1024, curve_points=3
+    )
+    out = tmp_path / "drafter"
+    report = train_drafter(
+        [manifest], model_dir, out, holdout_ids=HELD_OUT, settings=settings,
+        checkpoint_dir=tmp_path / "ckpt", snapshot_dir=tmp_path / "snapshots",
+    )
+    _, tokenizer = target
+    prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": "Count from one to five."}])]
+    curve = learning_curve(tmp_path / "snapshots", out, model_dir, prompts, max_new_tokens=10)
+    steps = [point["step"] for point in curve["points"]]
+    seen = [point["tokens_seen"] for point in curve["points"]]
+    assert len(steps) == 4 and steps[0] == 0 and steps[-1] == report["steps"] and steps == sorted(set(steps))
+    assert seen[0] == 0 and seen[-1] == report["tokens_seen"] and seen == sorted(set(seen))
+    measured = evaluate(out, model_dir, prompts, max_new_tokens=10)["methods"]
+
+    def figures(point: dict) -> dict:
+        return {k: v for k, v in point.items() if k not in ("step", "tokens_seen", "seconds", "per_prompt")}
+
+    assert figures(curve["points"][-1]) == figures(measured["eagle3"])
+    assert figures(curve["points"][0]) == figures(measured["eagle3_untrained"])
+    assert curve["prompt_lookup"] == figures(measured["prompt_lookup"]) and curve["held_out_prompts"] == 1
+    none_kept = TrainSettings(draft_vocab_size=256, ttt_length=2, epochs=1, batch_tokens=1024, max_steps=1)
+    train_drafter([manifest], model_dir, out, holdout_ids=HELD_OUT, settings=none_kept,
+                  snapshot_dir=tmp_path / "none")
+    assert json.loads((tmp_path / "none" / "index.json").read_text()) == {"points": []}
+    with pytest.raises(DrafterError, match="drafter.curve_points"):
+        learning_curve(tmp_path / "none", out, model_dir, prompts)
+
+
 RESUMABLE_TRAINING = """
 import logging, sys
 from pathlib import Path
@@ -534,9 +570,9 @@ from eaglepipe.drafter.train import TrainSettings, train_drafter
 logging.basicConfig(level=logging.INFO)
 manifest, target, out, checkpoints = map(Path, sys.argv[1:5])
 settings = TrainSettings(draft_vocab_size=256, ttt_length=3, lr=2e-3, epochs=6, batch_tokens=512,
-                         warmup_ratio=0.1, checkpoint_every=3)
+                         warmup_ratio=0.1, checkpoint_every=3, curve_points=4)
 report = train_drafter([manifest], target, out, holdout_ids={"sun", "cats"}, settings=settings,
-                       checkpoint_dir=checkpoints)
+                       checkpoint_dir=checkpoints, snapshot_dir=out / "snapshots")
 print(report["steps"], report["resumed_from_step"])
 """
 
@@ -550,7 +586,7 @@ def train_in_a_process(manifest: Path, model_dir: Path, out: Path, checkpoints: 
 @pytest.mark.slow  # subprocesses (a kill, torchrun) or bf16 on the CPU: CI runs it
 def test_a_sigkilled_training_resumes_and_ends_with_the_uninterrupted_weights(manifest, model_dir, tmp_path):
     """Killed after a checkpoint, the rerun continues from it (model, optimizer, schedule, data order, RNG)
-    and exports exactly the weights of a run that was never stopped."""
+    and exports exactly the weights of a run that was never stopped, learning-curve snapshots included."""
     checkpoints = tmp_path / "checkpoints"
     killed = train_in_a_process(manifest, model_dir, tmp_path / "killed", checkpoints)
     deadline = time.monotonic() + 600
@@ -572,6 +608,15 @@ def test_a_sigkilled_training_resumes_and_ends_with_the_uninterrupted_weights(ma
     got = load_file(str(tmp_path / "killed" / "model.safetensors"))
     want = load_file(str(tmp_path / "whole" / "model.safetensors"))
     assert got.keys() == want.keys() and all(torch.equal(got[name], want[name]) for name in want)
+    index = json.loads((tmp_path / "killed" / "snapshots" / "index.json").read_text())
+    assert index == json.loads((tmp_path / "whole" / "snapshots" / "index.json").read_text())
+    assert len(index["points"]) == 4
+    assert index["points"][-1] == {"step": int(steps), "tokens_seen": ANY, "dir": None}
+    for point in index["points"][:-1]:
+        got = load_file(str(tmp_path / "killed" / "snapshots" / point["dir"] / "model.safetensors"))
+        want = load_file(str(tmp_path / "whole" / "snapshots" / point["dir"] / "model.safetensors"))
+        assert all(torch.equal(got[name], want[name]) for name in want)
+    assert not (checkpoints / "snapshots").exists()
 
 
 def test_a_checkpoint_of_another_training_is_not_resumed(manifest, model_dir, tmp_path, caplog):

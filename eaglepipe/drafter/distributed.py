@@ -33,6 +33,7 @@ def train_data_parallel(
     settings: TrainSettings,
     checkpoint_dir: Path | None = None,
     set_names: list[str] | None = None,
+    snapshot_dir: Path | None = None,
 ) -> dict[str, Any]:
     """`train_drafter` over `processes` ranks (GPUs when `settings.device` is cuda, else CPU processes
     talking over gloo); the report of rank 0. With one process, trains here."""
@@ -45,6 +46,7 @@ def train_data_parallel(
             settings=settings,
             checkpoint_dir=checkpoint_dir,
             set_names=set_names,
+            snapshot_dir=snapshot_dir,
         )
     with tempfile.TemporaryDirectory(prefix="eaglepipe-train-") as scratch:
         job = Path(scratch) / "job.json"
@@ -58,7 +60,8 @@ def train_data_parallel(
                     "holdout_ids": sorted(holdout_ids),
                     "settings": dataclasses.asdict(settings),
                     "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None,
-                "set_names": set_names,
+                    "set_names": set_names,
+                    "snapshot_dir": str(snapshot_dir) if snapshot_dir else None,
                     "report": str(report),
                 }
             )
@@ -109,6 +112,7 @@ def main() -> None:
             settings=settings,
             checkpoint_dir=Path(job["checkpoint_dir"]) if job["checkpoint_dir"] else None,
             set_names=job["set_names"],
+            snapshot_dir=Path(job["snapshot_dir"]) if job["snapshot_dir"] else None,
         )
         if dist.get_rank() == 0:
             Path(job["report"]).write_text(json.dumps(report))

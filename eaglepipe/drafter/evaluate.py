@@ -8,7 +8,10 @@ alignment: after the target has verified position t, the drafter consumes (aux[t
 
 from __future__ import annotations
 
+import functools
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -262,17 +265,7 @@ def evaluate(
     )
     for name, make_proposer in methods.items():
         started = time.perf_counter()
-        runs: list[Generation] = []
-        for first in range(0, len(prompts), batch_size):
-            batch = prompts[first : first + batch_size]
-            runs += speculative_generate_batch(
-                target,
-                batch,
-                [make_proposer() for _ in batch],
-                num_steps=num_steps,
-                max_new_tokens=max_new_tokens,
-                stop_id=stop_id,
-            )
+        runs = _generate_all(target, prompts, make_proposer, num_steps, max_new_tokens, batch_size, stop_id)
         report[name] = {
             **_acceptance(runs, num_steps),
             "seconds": round(time.perf_counter() - started, 2),
@@ -310,6 +303,80 @@ def evaluate(
             for ds in dict.fromkeys(prompt_sets)
         }
     return result
+
+
+def learning_curve(
+    snapshot_dir: Path,
+    final_dir: Path,
+    target_dir: Path,
+    prompts: list[list[int]],
+    *,
+    num_steps: int = 3,
+    max_new_tokens: int = 128,
+    batch_size: int = 16,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """curve.json: acceptance on `prompts` of each drafter training kept (`snapshot_dir/index.json`, the
+    last point being the final drafter in `final_dir`), beside the untrained drafter (0 tokens seen) and
+    prompt lookup, measured exactly as `evaluate` measures them."""
+    index = json.loads((Path(snapshot_dir) / "index.json").read_text())["points"]
+    if not index:
+        raise DrafterError(
+            f"{snapshot_dir}/index.json lists no drafters: set drafter.curve_points (2 or more) and retrain"
+        )
+    if not prompts:
+        raise DrafterError("no held-out prompts to evaluate: hold some prompt ids out of training")
+    target, tokenizer = load_target(target_dir, dtype=dtype, device=device)
+    stop_id = stop_token_id(tokenizer)
+    final = load_exported(final_dir, target_dir, dtype=dtype).to(target.device)
+
+    def measure(make_proposer: Callable[[], Proposer]) -> dict[str, Any]:
+        runs = _generate_all(target, prompts, make_proposer, num_steps, max_new_tokens, batch_size, stop_id)
+        return _acceptance(runs, num_steps)
+
+    untrained = untrained_like(final, seed).to(target.device)
+    points = [{"step": 0, "tokens_seen": 0, **measure(lambda: EagleProposer(untrained))}]
+    for point in index:
+        drafter = final if point["dir"] is None else (
+            load_exported(Path(snapshot_dir) / point["dir"], target_dir, dtype=dtype).to(target.device)
+        )
+        seen = {"step": point["step"], "tokens_seen": point["tokens_seen"]}
+        points.append({**seen, **measure(functools.partial(EagleProposer, drafter))})
+    return {
+        "points": points,
+        "prompt_lookup": measure(PromptLookupProposer),
+        "held_out_prompts": len(prompts),
+        "k": num_steps,
+        "engine": ENGINE,
+        "settings": {
+            "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed, "dtype": dtype
+        },
+    }
+
+
+def _generate_all(
+    target: Any,
+    prompts: list[list[int]],
+    make_proposer: Callable[[], Proposer],
+    num_steps: int,
+    max_new_tokens: int,
+    batch_size: int,
+    stop_id: int,
+) -> list[Generation]:
+    runs: list[Generation] = []
+    for first in range(0, len(prompts), batch_size):
+        batch = prompts[first : first + batch_size]
+        runs += speculative_generate_batch(
+            target,
+            batch,
+            [make_proposer() for _ in batch],
+            num_steps=num_steps,
+            max_new_tokens=max_new_tokens,
+            stop_id=stop_id,
+        )
+    return runs
 
 
 def untrained_like(drafter: Eagle3Drafter, seed: int) -> Eagle3Drafter:

@@ -10,8 +10,10 @@ as at serving time) and the target's top token at t+1+i is in the draft vocabula
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -34,7 +36,7 @@ from eaglepipe.drafter.export import export_drafter, write_serving_readme
 from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.vocab import build_draft_vocab
-from eaglepipe.io import file_sha256
+from eaglepipe.io import file_sha256, write_json
 from eaglepipe.progress import StepProgress
 from eaglepipe.target.layer_ids import check_engines_agree
 from eaglepipe.target.weights import read_target_config
@@ -62,6 +64,7 @@ class TrainSettings:
     checkpoint_every: int = 0  # steps between checkpoints (0: none)
     batches_per_step: int = 1  # per rank: gradients accumulated over this many batches per optimizer step
     set_weights: dict[str, float] = dataclasses.field(default_factory=dict)  # by set name; others 1.0
+    curve_points: int = 0  # drafters kept along training for the learning curve (the final one included)
 
     def __post_init__(self) -> None:
         positive = (
@@ -72,6 +75,8 @@ class TrainSettings:
                 raise DrafterError(f"training setting {name} is {getattr(self, name)}: it must be at least 1")
         if any(weight < 0 for weight in self.set_weights.values()):
             raise DrafterError(f"config key drafter.set_weights {self.set_weights}: weights must be >= 0")
+        if self.curve_points < 0:
+            raise DrafterError(f"training setting curve_points is {self.curve_points}: use 0 or more")
         if self.checkpoint_every < 0:
             raise DrafterError(f"training setting checkpoint_every is {self.checkpoint_every}: use 0 or more")
         if self.max_steps is not None and self.max_steps < 1:
@@ -101,10 +106,12 @@ def train_drafter(
     settings: TrainSettings,
     checkpoint_dir: Path | None = None,
     set_names: list[str] | None = None,
+    snapshot_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Train on every sample not held out and export to `out_dir`; return the report (train.json). With a
     `checkpoint_dir` and `settings.checkpoint_every`, a killed training resumes from its latest checkpoint.
-    `set_names` name the manifests' prompt sets, for `settings.set_weights`."""
+    `set_names` name the manifests' prompt sets, for `settings.set_weights`. With `settings.curve_points`,
+    the drafters along the way go to `snapshot_dir` (see `Snapshots`)."""
     started = time.perf_counter()
     data = open_hidden_data(manifests, holdout_ids=holdout_ids)
     if not data.samples:
@@ -143,13 +150,15 @@ def train_drafter(
     shaping = {**dataclasses.asdict(settings), "data_parallel_ranks": DataParallel.current().size}
     fingerprint = training_fingerprint(manifest_shas, holdout_ids, target_config, shaping)
     checkpoints = Checkpoints(checkpoint_dir, settings.checkpoint_every, fingerprint)
+    snapshots = Snapshots(snapshot_dir, checkpoint_dir, settings.curve_points, fingerprint)
     fit_started = time.perf_counter()
-    progress = _fit(drafter, teacher, batches, settings, checkpoints)
+    progress = _fit(drafter, teacher, batches, settings, checkpoints, snapshots)
     fit_seconds = time.perf_counter() - fit_started
     ranks = DataParallel.current()
     if ranks.rank == 0:  # every rank holds the same weights
         export_drafter(drafter.cpu(), out_dir)
         write_serving_readme(out_dir, str(target_dir))
+        snapshots.publish(len(progress.losses), progress.tokens_seen)
         remove_checkpoint(checkpoint_dir)
     correct, counted = (torch.stack(column).sum(0) for column in zip(*progress.window, strict=True))
     losses = progress.losses
@@ -200,12 +209,71 @@ class Checkpoints:
         return self.directory is not None and self.every > 0 and step % self.every == 0 and step < total_steps
 
 
+@dataclass
+class Snapshots:
+    """The drafter exported at `points` evenly spaced steps (the last is the final drafter), for the
+    learning curve. Staged beside the checkpoint, which survives a killed job (Snakemake empties a job's
+    declared outputs before it starts), and moved to `directory` with `index.json` once training ends."""
+
+    directory: Path | None
+    checkpoint_dir: Path | None
+    points: int
+    fingerprint: str
+
+    @property
+    def staging(self) -> Path | None:
+        if self.directory is None:
+            return None
+        return self.checkpoint_dir / "snapshots" if self.checkpoint_dir is not None else self.directory
+
+    def steps(self, total_steps: int) -> list[int]:
+        """Steps after which a snapshot is taken, the last step excluded (the final drafter is that one)."""
+        if self.directory is None or self.points < 2:
+            return []
+        steps = {max(1, round(total_steps * k / self.points)) for k in range(1, self.points)}
+        return sorted(steps - {total_steps})
+
+    def discard_stale(self) -> None:
+        """A training that does not resume starts the curve over."""
+        if self.staging is not None and self.staging != self.directory:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def take(self, drafter: Eagle3Drafter, step: int, tokens_seen: int) -> None:
+        folder = self.staging / f"step-{step:07d}"
+        export_drafter(drafter, folder)
+        record = {"step": step, "tokens_seen": tokens_seen, "fingerprint": self.fingerprint}
+        write_json(folder / "snapshot.json", record)
+
+    def publish(self, final_step: int, final_tokens_seen: int) -> None:
+        """index.json lists this training's snapshots in step order; the final drafter is the last point."""
+        if self.directory is None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        points = []
+        if self.staging is not None and self.staging.is_dir():
+            for folder in sorted(self.staging.glob("step-*")):
+                record = json.loads((folder / "snapshot.json").read_text())
+                if record["fingerprint"] != self.fingerprint:
+                    continue
+                if self.staging != self.directory:
+                    shutil.rmtree(self.directory / folder.name, ignore_errors=True)
+                    shutil.move(str(folder), self.directory / folder.name)
+                points.append(
+                    {"step": record["step"], "tokens_seen": record["tokens_seen"], "dir": folder.name}
+                )
+            if self.staging != self.directory:
+                shutil.rmtree(self.staging, ignore_errors=True)
+        points.append({"step": final_step, "tokens_seen": final_tokens_seen, "dir": None})
+        write_json(self.directory / "index.json", {"points": points if self.points else []})
+
+
 def _fit(
     drafter: Eagle3Drafter,
     teacher: Teacher,
     batches: list[list[SampleRef]],
     settings: TrainSettings,
     checkpoints: Checkpoints,
+    snapshots: Snapshots,
 ) -> Progress:
     """The optimisation loop. A step takes `ranks x batches_per_step` batches of the seeded epoch order;
     each rank runs its share and the gradients are averaged over ranks by one all-reduce, so N ranks train
@@ -244,6 +312,9 @@ def _fit(
         progress.losses, progress.tokens_seen = saved["losses"], saved["tokens_seen"]
         progress.window.extend(saved["window"])
         progress.resumed_from_step = saved["step"]
+    elif ranks.rank == 0:
+        snapshots.discard_stale()
+    snapshot_steps = set(snapshots.steps(total_steps))
     shown = StepProgress(log, "training", total_steps - len(progress.losses), unit="steps")
     while len(progress.losses) < total_steps:
         if position + per_step > len(epoch_order):  # a new epoch; the few batches left over wait for the next
@@ -271,6 +342,8 @@ def _fit(
         progress.tokens_seen += tokens
         shown.advance(1, tokens)
         step = len(progress.losses)
+        if step in snapshot_steps and ranks.rank == 0:
+            snapshots.take(drafter, step, progress.tokens_seen)
         if checkpoints.due(step, total_steps) and ranks.rank == 0:
             save_checkpoint(checkpoints.directory, {
                 "fingerprint": checkpoints.fingerprint,

@@ -1,0 +1,36 @@
+"""Snakemake adapter: the learning curve, acceptance of the drafters kept along training."""
+
+import json
+from pathlib import Path
+
+from eaglepipe.drafter.evaluate import learning_curve
+from eaglepipe.drafter.holdout import holdout_prompts
+from eaglepipe.io import write_json
+from eaglepipe.jobs import snakemake_job
+
+with snakemake_job(snakemake) as log:
+    settings = snakemake.params.settings
+    holdout_ids = json.loads(Path(snakemake.input.report).read_text())["holdout_ids"]
+    prompts = holdout_prompts(
+        snakemake.params.datasets,
+        [Path(p) for p in snakemake.input.tokens],
+        [Path(p) for p in snakemake.input.token_stats],
+        holdout_ids,
+    )
+    curve = learning_curve(
+        Path(snakemake.input.snapshots),
+        Path(snakemake.params.drafter_dir),
+        Path(snakemake.params.target),
+        [ids for _, _, ids in prompts],
+        num_steps=settings["num_steps"],
+        max_new_tokens=settings["max_new_tokens"],
+        batch_size=settings["batch_size"],
+        device=settings["device"],
+        dtype=settings["dtype"],
+    )
+    write_json(Path(snakemake.output.curve), curve)
+    log.info(
+        "acceptance by tokens seen: %s; prompt lookup %s",
+        {p["tokens_seen"]: p["acceptance_length"] for p in curve["points"]},
+        curve["prompt_lookup"]["acceptance_length"],
+    )
