@@ -20,6 +20,10 @@ from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
 from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import read_api_key
+from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.tokens.methods import Method
+from eaglepipe.tokens.rebuild import Rebuilder
+from eaglepipe.tokens.target import Target
 
 MODEL = "local/smollm2-135m-instruct"
 SECRET = "sk-or-v1-TESTSECRET0123456789"
@@ -285,3 +289,24 @@ def test_dollar_budget_counts_the_whole_run_and_stops_before_passing_it(
     assert billed(emulator_url) - before == 2
     assert read_ledger(tmp_path / "results" / ".ledger").usd <= per_request * 5.5
     assert json.loads((second.parent / "summary.json").read_text())["ended_because"] == "dollar_budget"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_asked_for_give_the_token_stage_exact_ids(
+    emulator_url: str, provider_obj: dict[str, Any], tmp_path: Path, model_dir: Path, stream: bool
+) -> None:
+    """generation.logprobs: each token's bytes reach the journal, and the token stage reads the exact ids
+    from them (checked against the ids the emulator generated, asked for alongside)."""
+    path = write_prompts(tmp_path / "results" / "demo", PROMPTS[:3])
+    settings = settings_for(emulator_url, provider_obj, logprobs=True, max_tokens=12, stream=stream)
+    assert generate(path, settings).done == 3
+    records = responses(path.parent)
+    truth = {r["prompt_id"]: r["response"].pop("token_ids") for r in records}  # left: text and logprobs
+    target = Target(load_target_tokenizer(model_dir))
+    prompts = {p["id"]: p for p in PROMPTS[:3]}
+    samples = Rebuilder(target).rebuild(prompts, records, "test").samples
+    assert all(r["response"]["logprobs"]["content"] for r in records)
+    for sample in samples:
+        assert sample.method == Method.LOGPROB_BYTES and sample.problem is None
+        stop = [target.layout.stop] if sample.completion_ids[-1] == target.layout.stop else []
+        assert sample.completion_ids == truth[sample.prompt_id] + stop

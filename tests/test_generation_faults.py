@@ -23,13 +23,15 @@ from starlette.routing import Route
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
 from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.ledger import read_ledger
+from eaglepipe.tokens.probe import usability_probe
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "cost": 0.001, "completion_tokens_details": {}}
 
 
-def ok(content: str = "fine") -> Response:
-    choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-    return JSONResponse({"id": "gen-ok", "provider": "Fake", "choices": [choice], "usage": USAGE})
+def ok(content: str = "fine", provider: str = "Fake", **choice_fields: Any) -> Response:
+    message = {"role": "assistant", "content": content}
+    choice = {"index": 0, "message": message, "finish_reason": "stop", **choice_fields}
+    return JSONResponse({"id": "gen-ok", "provider": provider, "choices": [choice], "usage": USAGE})
 
 
 def error(status: int, headers: dict[str, str] | None = None) -> Response:
@@ -82,6 +84,32 @@ SCRIPTS: dict[str, list[Response]] = {
     "provider-400-passes": [openrouter_error(400, "Provider returned error", **PROVIDER_400), ok()],
     "provider-400-stays": [openrouter_error(400, "Provider returned error", **PROVIDER_400)] * 3,
     "string-code-in-200": [JSONResponse({"error": {"code": "502", "message": "upstream"}}), ok()],
+    # The circuit breaker and the usability probe.
+    "chutes-400": [openrouter_error(400, "Provider returned error", **PROVIDER_400)] * 3,
+    "after-the-drop": [ok()],
+    "foreign": [ok(provider="Elsewhere")] * 3,
+    "leaks-a-marker": [ok("fine<|im_end|>more", provider="Leaky")],
+    "leaks-again": [ok("<|im_start|>user", provider="Leaky")],
+    "clean": [ok("A clean answer.")],
+    "with-logprobs": [
+        ok("Hi", logprobs={"content": [
+            {"token": "H", "bytes": [72], "logprob": -0.1, "top_logprobs": [{"token": "H", "logprob": -0.1}]},
+            {"token": "i", "bytes": [105], "logprob": -0.2, "top_logprobs": []},
+        ]})
+    ],
+    "streamed-logprobs": [
+        sse(
+            {"id": "gen-s", "provider": "Fake", "choices": [{
+                "index": 0, "delta": {"content": "H"}, "finish_reason": None,
+                "logprobs": {"content": [{"token": "H", "bytes": [72], "logprob": -0.1}]},
+            }]},
+            {"id": "gen-s", "provider": "Fake", "choices": [{
+                "index": 0, "delta": {"content": "i"}, "finish_reason": "stop",
+                "logprobs": {"content": [{"token": "i", "bytes": [105], "logprob": -0.2}]},
+            }]},
+            {"id": "gen-s", "choices": [], "usage": USAGE},
+        )
+    ],
     "parallel-calls-at-index-0": [
         sse(
             chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
@@ -185,6 +213,7 @@ SCRIPTS: dict[str, list[Response]] = {
 class ScriptedServer:
     def __init__(self) -> None:
         self.attempt_times: dict[str, list[float]] = defaultdict(list)
+        self.bodies: dict[str, list[dict[str, Any]]] = defaultdict(list)
         # What `/generation` knows: id -> cost (unknown ids answer 404, as OpenRouter does for a while).
         self.generations: dict[str, float] = {}
         app = Starlette(routes=[
@@ -197,8 +226,10 @@ class ScriptedServer:
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     async def complete(self, request: Request) -> Response:
-        script = (await request.json())["messages"][0]["content"]
+        body = await request.json()
+        script = body["messages"][0]["content"]
         self.attempt_times[script].append(time.monotonic())
+        self.bodies[script].append(body)
         return SCRIPTS[script][len(self.attempt_times[script]) - 1]
 
     async def generation(self, request: Request) -> Response:
@@ -225,7 +256,9 @@ def scripted() -> Iterator[ScriptedServer]:
     server.thread.join()
 
 
-def run(server: ScriptedServer, scripts: list[str], journal: Path, **changes: Any) -> GenerationSummary:
+def run(
+    server: ScriptedServer, scripts: list[str], journal: Path, probe: Any = None, **changes: Any
+) -> GenerationSummary:
     prompts = [{"id": name, "messages": [{"role": "user", "content": name}]} for name in scripts]
     settings = GenerationSettings(
         **{
@@ -245,7 +278,8 @@ def run(server: ScriptedServer, scripts: list[str], journal: Path, **changes: An
 
     async def generate() -> GenerationSummary:
         return await generate_set(
-            prompts, settings=settings, api_key=None, journal_dir=journal, ledger_dir=journal, dataset="s"
+            prompts, settings=settings, api_key=None, journal_dir=journal, ledger_dir=journal, dataset="s",
+            probe=probe,
         )
 
     return anyio.run(generate)
@@ -385,3 +419,80 @@ def test_an_answer_without_a_cost_is_held_unpriced_until_generation_prices_it(
     assert again.resumed == 2 and again.unresolved == 0 and again.recovered == 2
     view = read_ledger(tmp_path)
     assert view.usd == pytest.approx(0.006) and view.by_outcome == {"recovered": 2} and not view.unresolved
+
+
+ROUTED = {  # two kept endpoints, as stage.py passes them from providers.json
+    "allowed_providers": ("Chutes", "Fake"),
+    "endpoint_tags": (("Chutes", "chutes/fp8"), ("Fake", "fake")),
+    "provider_obj": {"only": ["chutes/fp8", "fake"], "allow_fallbacks": False},
+}
+
+
+def test_a_provider_past_its_strikes_is_dropped_from_routing(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    summary = run(scripted, ["chutes-400", "after-the-drop"], tmp_path, breaker_strikes=3, **ROUTED)
+    assert summary.ended_because == "all_done" and summary.done == 1 and summary.failed_permanent == 1
+    assert summary.breaker["dropped"] == {
+        "Chutes": "3 unusable of 3 returned (http_400_provider x3)"
+    }
+    assert [b["provider"]["only"] for b in scripted.bodies["chutes-400"]] == [["chutes/fp8", "fake"]] * 3
+    (after,) = scripted.bodies["after-the-drop"]
+    assert after["provider"] == {"only": ["fake"], "allow_fallbacks": False}
+    assert load_done(tmp_path, "f")["after-the-drop"]["request"]["provider"]["only"] == ["fake"]
+
+
+def test_dropping_the_last_provider_stops_the_run_resumable(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    only_chutes = {**ROUTED, "allowed_providers": ("Chutes",), "endpoint_tags": (("Chutes", "chutes/fp8"),)}
+    summary = run(scripted, ["chutes-400", "after-the-drop"], tmp_path, breaker_strikes=3, **only_chutes)
+    assert summary.ended_because == "no_usable_provider" and "Chutes: 3 unusable of 3" in summary.message
+    assert "after-the-drop" not in scripted.attempt_times and summary.failures[0]["prompt_id"] == "chutes-400"
+
+
+def test_answers_from_a_provider_routing_did_not_keep_stop_the_run_after_a_few(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    """Each is paid and discarded; retrying would only buy more, so past the threshold the run stops."""
+    summary = run(scripted, ["foreign", "clean"], tmp_path, breaker_strikes=2, allowed_providers=("Fake",))
+    assert summary.ended_because == "foreign_provider" and "'Elsewhere' x2" in summary.message
+    assert len(scripted.attempt_times["foreign"]) == 2 and "clean" not in scripted.attempt_times
+    assert summary.breaker["discarded_from"] == {"Elsewhere": 2}
+    assert read_ledger(tmp_path).by_outcome == {"discarded": 2}
+
+
+def test_the_usability_probe_drops_a_provider_whose_answers_the_token_stage_refuses(
+    scripted: ScriptedServer, tmp_path: Path, model_dir: Path
+) -> None:
+    """The token stage's own structural check (the embedded model's tokenizer) on each provider's first
+    answers: markers inside text make Leaky's answers unusable; Fake's clean answer passes."""
+    probe = usability_probe(model_dir)
+    routed = {
+        "allowed_providers": ("Fake", "Leaky"),
+        "endpoint_tags": (("Fake", "fake"), ("Leaky", "leaky")),
+        "provider_obj": {"only": ["fake", "leaky"]},
+    }
+    scripts = ["clean", "leaks-a-marker", "leaks-again", "after-the-drop"]
+    summary = run(scripted, scripts, tmp_path, probe=probe, breaker_strikes=2, **routed)
+    assert summary.ended_because == "all_done" and summary.done == 4  # paid answers are kept all the same
+    assert summary.probed == {"Fake": 2, "Leaky": 2}
+    assert set(summary.breaker["dropped"]) == {"Leaky"}
+    assert all(reason.startswith("unusable answer: ") for reason in summary.breaker["strikes"]["Leaky"])
+    assert scripted.bodies["after-the-drop"][0]["provider"]["only"] == ["fake"]
+    assert probe({"id": "p", "messages": [{"role": "user", "content": "clean"}]},
+                 load_done(tmp_path, "f")["clean"]) is None
+
+
+def test_logprobs_are_asked_for_and_kept_without_the_alternatives(
+    scripted: ScriptedServer, tmp_path: Path
+) -> None:
+    run(scripted, ["with-logprobs"], tmp_path / "p", logprobs=True)
+    run(scripted, ["streamed-logprobs"], tmp_path / "s", logprobs=True, stream=True)
+    (body,) = scripted.bodies["with-logprobs"]
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 0)
+    want = {"content": [
+        {"token": "H", "bytes": [72], "logprob": -0.1}, {"token": "i", "bytes": [105], "logprob": -0.2}
+    ]}
+    assert load_done(tmp_path / "p", "f")["with-logprobs"]["response"]["logprobs"] == want
+    assert load_done(tmp_path / "s", "f")["streamed-logprobs"]["response"]["logprobs"] == want

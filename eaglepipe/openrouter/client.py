@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -31,6 +31,7 @@ import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from eaglepipe.openrouter.appendlog import AppendLog
+from eaglepipe.openrouter.breaker import ProviderBreaker
 from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
 from eaglepipe.openrouter.errors import OpenRouterError, one_line
@@ -58,6 +59,12 @@ UNSEEN_GRACE_S = 600.0
 MAX_THROTTLED_RETRIES = 200
 
 
+class UsabilityProbe(Protocol):
+    def __call__(self, prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
+        """Why the journaled answer `record` to `prompt` cannot be trained on, or None."""
+        ...
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """One prompt set's request shape and run limits. `fingerprint` is computed by the caller from the
@@ -74,6 +81,12 @@ class GenerationSettings:
     provider_obj: dict[str, Any] | None = None
     # Display names (as responses report them) of the endpoints routing kept; empty = any server.
     allowed_providers: tuple[str, ...] = ()
+    # (display name, tag) of each kept endpoint: dropping a provider removes its tags from `provider.only`.
+    endpoint_tags: tuple[tuple[str, str], ...] = ()
+    # The circuit breaker (breaker.py) and the usability probe's length (answers checked per provider).
+    breaker_strikes: int = 5
+    breaker_share: float = 0.2
+    probe_answers: int = 20
     reasoning: dict[str, Any] | None = None
     concurrency: int = 16
     max_attempts: int = 5
@@ -85,6 +98,8 @@ class GenerationSettings:
     max_failed_fraction: float = 0.0
     stream: bool = True
     return_token_ids: bool = False
+    # Ask for each output token's logprob and bytes (exact ids for the token stage where providers send them).
+    logprobs: bool = False
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     # How long to wait for `GET /generation` to know a request that was cut off or killed.
@@ -104,18 +119,25 @@ class GenerationSettings:
                 f"generation setting request_timeout_s = {self.request_timeout_s}: must be > 0"
             )
 
-    def shared_request_fields(self) -> dict[str, Any]:
-        """The request body minus the prompt: also what each record keeps as its `request`."""
+    def shared_request_fields(self, dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The request body minus the prompt: also what each record keeps as its `request`. Endpoints of
+        `dropped` providers (display names, lower case) leave `provider.only`."""
         fields: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
         fields.update({key: value for key, value in self.sampling.items() if value is not None})
         if self.provider_obj is not None:
             fields["provider"] = self.provider_obj
+            gone = {tag for name, tag in self.endpoint_tags if name.lower() in dropped}
+            if gone and "only" in self.provider_obj:
+                only = [tag for tag in self.provider_obj["only"] if tag not in gone]
+                fields["provider"] = {**self.provider_obj, "only": only}
         if self.reasoning is not None:
             fields["reasoning"] = self.reasoning
         fields["usage"] = {"include": True}
         fields["stream"] = self.stream
         if self.return_token_ids:
             fields["return_token_ids"] = True
+        if self.logprobs:
+            fields.update(logprobs=True, top_logprobs=0)
         return fields
 
 
@@ -148,6 +170,9 @@ class GenerationSummary:
     key_usage_end: float | None = None
     job_ledger_dollars: float = 0.0
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The circuit breaker: providers dropped (and why), strikes by provider, discards by foreign provider.
+    breaker: dict[str, Any] = field(default_factory=dict)
+    probed: dict[str, int] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
     emulated: bool = False
     max_tokens: int = 0
@@ -175,14 +200,16 @@ async def generate_set(
     journal_dir: Path,
     ledger_dir: Path,
     dataset: str,
+    probe: UsabilityProbe | None = None,
 ) -> GenerationSummary:
     """Generate every prompt not yet journaled under `settings.fingerprint`; never raises for failed
-    requests (the summary says what happened), only for unusable input."""
+    requests (the summary says what happened), only for unusable input. `probe` checks each provider's
+    first `settings.probe_answers` answers (the token stage's structural check) as they arrive."""
     _raise_open_file_limit(settings.concurrency)
     summary = GenerationSummary(
         requested=len(prompts), emulated=settings.emulated, max_tokens=settings.max_tokens
     )
-    run = _Run(settings, summary, dataset)
+    run = _Run(settings, summary, dataset, probe)
     journaled = read_records(journal_dir)  # read once: resume and the ledger settlement both need it
     todo = run.resume(prompts, reusable(journaled, settings.fingerprint))
     log.info(
@@ -232,8 +259,17 @@ async def generate_set(
 class _Run:
     """State shared by the feeder, the workers and the housekeeping tick (one event loop: no locks)."""
 
-    def __init__(self, settings: GenerationSettings, summary: GenerationSummary, dataset: str) -> None:
+    def __init__(
+        self,
+        settings: GenerationSettings,
+        summary: GenerationSummary,
+        dataset: str,
+        probe: UsabilityProbe | None = None,
+    ) -> None:
         self.settings = settings
+        self.breaker = ProviderBreaker(settings.breaker_strikes, settings.breaker_share)
+        self.probe = probe
+        self.probed: Counter[str] = Counter()
         self.summary = summary
         self.dataset = dataset
         self.ledger: RunLedger | None = None
@@ -300,6 +336,49 @@ class _Run:
         self.limit.record(rate_limited=judged.action == "throttle")
         if failure.provider:
             self.provider(failure.provider).errors += 1
+
+    def request_fields(self) -> dict[str, Any]:
+        return self.settings.shared_request_fields(frozenset(name.lower() for name in self.breaker.dropped))
+
+    def strike(self, provider: str, reason: str) -> None:
+        """One unusable answer or error from `provider`; the breaker may drop it, and with it the run."""
+        if not self.breaker.strike(provider, reason):
+            return
+        log.warning("%s: provider %s dropped for the rest of the run: %s", self.dataset, provider,
+                    self.breaker.dropped[provider])
+        dropped = {name.lower() for name in self.breaker.dropped}
+        # Without an allowlist (any server, self-hosted) nothing can be routed around the provider: stop.
+        left = [name for name in self.settings.allowed_providers if name.lower() not in dropped]
+        if not left:
+            reasons = "; ".join(f"{name}: {why}" for name, why in self.breaker.dropped.items())
+            self.stop(
+                "no_usable_provider",
+                f"no usable provider is left ({reasons}): read their answers in the journal, `ignore` them "
+                "in `routing` and refresh providers.json (`snakemake --forcerun providers`), then rerun",
+            )
+
+    def discarded(self, provider: str) -> None:
+        if self.breaker.discarded(provider):
+            names = ", ".join(f"{name!r} x{n}" for name, n in self.breaker.foreign.most_common())
+            self.stop(
+                "foreign_provider",
+                f"answers kept coming from providers routing did not keep ({names}), each paid and "
+                "discarded: if one is a kept endpoint under a new display name, refresh providers.json "
+                "(`snakemake --forcerun providers`), then rerun",
+            )
+
+    async def check_usable(self, prompt: dict[str, Any], record: dict[str, Any]) -> None:
+        """The usability probe: a provider's first answers go through the token stage's structural check."""
+        provider = str(record.get("provider") or "(unnamed)")
+        self.breaker.answered(provider)
+        if self.probe is None or self.probed[provider] >= self.settings.probe_answers:
+            return
+        self.probed[provider] += 1
+        problem = await anyio.to_thread.run_sync(self.probe, prompt, record)
+        if problem is not None:
+            log.warning("prompt %s: the answer of %s fails the token stage's check (%s)", prompt["id"],
+                        provider, problem)
+            self.strike(provider, f"unusable answer: {problem}")
 
     def count_failure(
         self, prompt_id: str, failure: RequestFailed, attempts: int, *, permanent: bool
@@ -399,6 +478,8 @@ class _Run:
         summary.concurrency_lowest = self.limit.lowest
         summary.concurrency_cuts = self.limit.cuts
         summary.providers = {name: stats.row() for name, stats in sorted(self.provider_stats.items())}
+        summary.breaker = self.breaker.report()
+        summary.probed = dict(self.probed)
         if self.ledger is not None:
             view = self.ledger.view.refresh()
             summary.run_dollars = view.usd
@@ -591,10 +672,6 @@ async def _complete_prompt(
     """Try until done, failed for good, or the run is stopping (then the prompt stays to resume)."""
     settings, ledger = run.settings, run.ledger
     assert ledger is not None
-    request = settings.shared_request_fields()
-    body = {"messages": prompt["messages"], **request}
-    if prompt.get("tools"):
-        body["tools"] = prompt["tools"]
     allowed = {name.lower() for name in settings.allowed_providers}
 
     this_attempt: set[str] = set()
@@ -608,6 +685,10 @@ async def _complete_prompt(
     while True:
         attempt += 1
         began = time.monotonic()
+        request = run.request_fields()  # per attempt: the breaker may have dropped a provider meanwhile
+        body = {"messages": prompt["messages"], **request}
+        if prompt.get("tools"):
+            body["tools"] = prompt["tools"]
         try:
             with anyio.fail_after(settings.request_timeout_s):
                 if settings.stream:
@@ -642,6 +723,7 @@ async def _complete_prompt(
             await journal.append(record)
             await _bill(ledger, prompt["id"], reply, outcome="kept")
             run.count_done(record, resumed=False)
+            await run.check_usable(prompt, record)
             return
         finally:  # from here on an unpriced request counts in the ledger's reserve, not the forecast
             run.live_ids.difference_update(this_attempt)
@@ -649,6 +731,10 @@ async def _complete_prompt(
         await _close_failed(ledger, prompt["id"], failure)
         judged = verdict(failure)
         run.count_error(failure, judged)
+        if failure.error_class == "wrong_provider":
+            run.discarded(str(failure.provider))
+        elif failure.provider_name or (failure.error_class == "error_in_200" and failure.status is None):
+            run.strike(failure.provider_name or failure.provider or "(unnamed)", failure.error_class)
         if judged.action == "stop":
             run.stop(judged.ended_because, f"{failure} (prompt {prompt['id']}): {judged.advice}")
             return

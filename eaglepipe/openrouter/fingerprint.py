@@ -55,5 +55,7 @@ def config_fingerprint(config: dict[str, Any]) -> str:
         response_options={
             "return_token_ids": gen["return_token_ids"],
             "emulator_text_like": config["api"]["emulator_text_like"],
+            # Only when asked, so turning it on is what changes the fingerprint of existing runs.
+            **({"logprobs": True} if gen["logprobs"] else {}),
         },
     )

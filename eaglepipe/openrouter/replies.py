@@ -96,7 +96,23 @@ async def read_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str,
     }
     if choice.get("token_ids") is not None:
         answer["token_ids"] = choice["token_ids"]
+    logprobs = _logprob_entries(choice.get("logprobs"))
+    if logprobs:
+        answer["logprobs"] = {"content": logprobs}
     return _record_fields(answer, data.get("provider"), data.get("id"), data.get("usage"), response)
+
+
+def _logprob_entries(logprobs: Any) -> list[dict[str, Any]]:
+    """Each output token's text, bytes and logprob as sent (`logprobs.content`), without `top_logprobs`:
+    the token stage reads exact ids from the bytes; the alternatives would only grow the journal."""
+    entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(entries, list):
+        return []
+    return [
+        {key: entry.get(key) for key in ("token", "bytes", "logprob")}
+        for entry in entries
+        if isinstance(entry, dict)
+    ]
 
 
 async def read_streamed_reply(
@@ -182,6 +198,7 @@ class _StreamedAnswer:
         self._call_by_id: dict[str, dict[str, Any]] = {}
         self._call_at_index: dict[int, dict[str, Any]] = {}
         self.token_ids: list[int] | None = None
+        self.logprobs: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
         self.provider: str | None = None
         self.generation_id = generation_id
@@ -211,6 +228,7 @@ class _StreamedAnswer:
                 self._add_tool_call(call)
             if choice.get("token_ids") is not None:
                 self.token_ids = (self.token_ids or []) + list(choice["token_ids"])
+            self.logprobs += _logprob_entries(choice.get("logprobs"))
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
 
     def _add_tool_call(self, fragment: dict[str, Any]) -> None:
@@ -256,6 +274,8 @@ class _StreamedAnswer:
         }
         if self.token_ids is not None:
             answer["token_ids"] = self.token_ids
+        if self.logprobs:
+            answer["logprobs"] = {"content": self.logprobs}
         return answer
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 
 from eaglepipe.io import atomic_write, write_json
-from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
+from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, UsabilityProbe, generate_set
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.secrets import ApiKey
@@ -23,6 +23,8 @@ COMPLETE = {"all_done", "token_budget"}
 ADVICE = {
     "failures": "see the summary for why; rerun to retry them",
     "dollar_budget": "raise budget.usd, then rerun to resume",
+    "no_usable_provider": "the summary's `breaker` says what each provider returned; fix routing, then rerun",
+    "foreign_provider": "refresh providers.json (snakemake --forcerun providers), then rerun",
 }
 
 
@@ -54,6 +56,7 @@ def generate_responses(
     dataset: str,
     settings: GenerationSettings,
     api_key: ApiKey | None,
+    probe: UsabilityProbe | None = None,
 ) -> GenerationSummary:
     """Generate what the journal lacks, write the summary, then either write `responses.jsonl` (in prompt
     order, atomically) or raise, leaving it unwritten so Snakemake sees the job failed. `ledger_dir` is the
@@ -67,6 +70,7 @@ def generate_responses(
         journal_dir=journal_dir,
         ledger_dir=ledger_dir,
         dataset=dataset,
+        probe=probe,
     )
     summary = anyio.run(run_set)
     write_json(summary_path, summary.to_json())

@@ -21,6 +21,7 @@ from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import RoutingPolicy, dearest_price, fetch_providers, provider_request
 from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import ApiKey, read_api_key
+from eaglepipe.tokens.probe import usability_probe
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,13 @@ def run_generation(
             allowed_providers=tuple(
                 sorted({e["provider_name"] for e in providers["kept"] if e.get("provider_name")})
             ),
+            endpoint_tags=tuple(
+                (e["provider_name"], e["tag"]) for e in providers["kept"] if e.get("provider_name")
+            ),
+            breaker_strikes=gen["breaker_strikes"],
+            breaker_share=gen["breaker_share"],
+            probe_answers=gen["probe_answers"],
+            logprobs=gen["logprobs"],
             max_failed_fraction=max_failed_fraction,
             reasoning=gen["reasoning"],
             concurrency=gen["concurrency"],
@@ -144,8 +152,9 @@ def run_generation(
             return_token_ids=gen["return_token_ids"],
             emulated=is_local_api(config),
         )
+        probe = usability_probe(Path(config["target"]["path"])) if gen["probe_answers"] else None
         summary = generate_responses(
-            prompts_path, responses_path, summary_path, journal_dir, ledger_dir, dataset, settings, key
+            prompts_path, responses_path, summary_path, journal_dir, ledger_dir, dataset, settings, key, probe
         )
     log.info(
         "%s: %d done (%d resumed, %d truncated at max_tokens %d), %d tokens, $%.4f%s",

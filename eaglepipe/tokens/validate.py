@@ -19,6 +19,25 @@ _CUT_OFF = re.compile(r"T?(?:S(?:BAE)*(?:B|BA|Z)?)?")
 
 
 @cache
+def _marker_texts(target: Target) -> re.Pattern[str]:
+    """Any special token's own text (`<|im_end|>`, `</think>`, `<|tool_call_begin|>`), longest first."""
+    texts = {target.tokenizer.decode([token_id]) for token_id in target.special_ids}
+    texts = sorted((t for t in texts if t.strip()), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, texts))) if texts else re.compile(r"(?!)")
+
+
+def marker_text_problem(target: Target, texts: list[str]) -> str | None:
+    """A special token's text inside the returned text. A model may write one as ordinary text (an answer
+    about chat templates), so samples keep it; but a provider whose answers often hold one has a parser
+    that leaks markers (or loses the text around them), which the usability probe counts against it."""
+    pattern = _marker_texts(target)
+    for text in texts:
+        if text and (found := pattern.search(text)):
+            return f"marker_text_in_reply ({found.group()})"
+    return None
+
+
+@cache
 def _letters(target: Target) -> dict[int, str]:
     layout = target.layout
     named = {

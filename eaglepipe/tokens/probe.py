@@ -1,0 +1,44 @@
+"""The token stage's structural check, offered to generation as a usability probe.
+
+Generation calls this on each provider's first answers while it buys them, so a provider whose answers
+the token stage would refuse (a missing stop, markers out of order, reasoning billed but not returned) or
+that leaks markers' text into its answers is found after a few dollars, not after the whole budget. The one
+place generation uses the token stage.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.tokens.rebuild import Rebuilder
+from eaglepipe.tokens.reply import parse_reply
+from eaglepipe.tokens.target import Target
+from eaglepipe.tokens.validate import marker_text_problem
+
+log = logging.getLogger(__name__)
+
+
+def usability_probe(target_dir: Path) -> Callable[[dict[str, Any], dict[str, Any]], str | None] | None:
+    """`probe(prompt, record)`: why the journaled answer cannot be trained on, or None. None (and a warning)
+    when the target's tokenizer is not at `target_dir`, e.g. on a login node without the weights."""
+    try:
+        target = Target(load_target_tokenizer(target_dir))
+    except (OSError, ValueError) as err:
+        log.warning("no usability probe: the target's tokenizer at %s cannot be loaded (%s)", target_dir, err)
+        return None
+    rebuilder = Rebuilder(target)
+
+    def problem(prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
+        try:
+            (sample,) = rebuilder.rebuild({prompt["id"]: prompt}, [record], "usability probe").samples
+        except ValueError as err:  # a prompt the token stage cannot render is not the provider's fault
+            log.warning("prompt %s: usability probe skipped (%s)", prompt["id"], err)
+            return None
+        reply = parse_reply(record, "usability probe")
+        return sample.problem or marker_text_problem(target, reply.texts)
+
+    return problem
