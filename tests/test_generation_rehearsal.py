@@ -369,3 +369,42 @@ def test_two_sets_at_once_share_one_dollar_budget(tmp_path: Path) -> None:
         log_dir = run.workdir / "results" / "logs" / "generate"
         logs = "".join((log_dir / f"{n}.log").read_text() for n in ("left", "right"))
         assert "raise budget.usd" in logs
+
+
+def test_the_seeds_in_flight_budget_at_2000_in_flight_finishes_the_set_unattended(tmp_path: Path) -> None:
+    """The real config's first second: 2000 requests whose worst case is $0.05 each (max_tokens 20,000 at
+    $2.50/M) against $100 of credit whose in-flight budget holds only $30 of them. OpenRouter answers
+    402 openrouter_in_flight_budget with Retry-After; the client waits, lowers its concurrency and
+    finishes the set without a manual step, nothing bought twice, the ledger equal to the charges."""
+    prompts = 3000
+    with rig(
+        tmp_path,
+        "--tokens-per-s", "0",
+        "--latency-s", "1.5",
+        "--mean-tokens", "300",
+        "--tokens-per-event", "64",
+        "--credit-limit", "100",
+        "--in-flight-budget", "30",
+    ) as run:
+        run.configure(
+            {"seeds": prompts},
+            generation={"concurrency": 2000, "max_tokens": 20_000},
+            budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
+        )
+        started = time.monotonic()
+        done = run.snakemake(timeout=900)
+        wall_s = time.monotonic() - started
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert len({r["prompt_id"] for r in run.responses("seeds")}) == prompts
+        stats, summary = run.stats(), run.summary("seeds")
+        refused = summary["errors_by_class"].get("http_402_openrouter_in_flight_budget", 0)
+        assert refused > 0 and stats["errors"]["402"] == refused
+        assert stats["requests_billed"] == prompts, "a response was bought twice"
+        assert summary["concurrency_lowest"] < 2000 and summary["concurrency_cuts"] > 0
+        assert summary["failed_permanent"] == summary["failed_transient"] == 0
+        assert run.ledger_usd() == pytest.approx(stats["usd_charged"], rel=1e-9, abs=1e-12)
+        print(
+            f"in-flight rehearsal: {prompts} answers, {refused} in-flight-budget 402s, lowest concurrency "
+            f"{summary['concurrency_lowest']} after {summary['concurrency_cuts']} cuts, wall {wall_s:.0f} s, "
+            f"${stats['usd_charged']:.2f} charged"
+        )

@@ -129,6 +129,10 @@ def test_a_self_hosted_server_gets_no_routing_and_keeps_its_token_ids(
             "request_timeout_s": 60,
             "stream": True,
             "return_token_ids": True,
+            "logprobs": False,
+            "probe_answers": 20,  # no tokenizer at target.path: the job says so and buys without the probe
+            "breaker_strikes": 5,
+            "breaker_share": 0.2,
         },
         "target": {"path": str(tmp_path / "none")},
     }

@@ -505,11 +505,14 @@ class _Run:
         spent = self.ledger.view.usd if self.ledger else self.dollars_this_run
         projected = spent + left * self.forecast.mean_usd
         errors = " ".join(f"{name}={count}" for name, count in sorted(self.errors.items())) or "none"
+        # What OpenRouter holds against the balance for the requests in flight (its in-flight budget).
+        reserved = self.in_flight * self.settings.expected_request_usd
         return (
             f"{self.dataset}: {summary.done}/{summary.requested} done, "
             f"{self.tokens_this_run / elapsed:.0f} tok/s, "
             f"${spent:.2f} spent by the run (projected ${projected:.2f}), {self.in_flight} in flight "
-            f"(limit {self.limit.current}), errors {errors}, ETA {format_eta(eta)}"
+            f"(limit {self.limit.current}, ${reserved:.2f} reserved at worst case), errors {errors}, "
+            f"ETA {format_eta(eta)}"
         )
 
 
@@ -694,7 +697,7 @@ async def _complete_prompt(
                 if settings.stream:
                     reply = await read_streamed_reply(http, body, on_started=started)
                 else:
-                    reply = await read_reply(http, body)
+                    reply = await read_reply(http, body, on_started=started)
             if allowed and str(reply.get("provider") or "").lower() not in allowed:
                 await _bill(ledger, prompt["id"], reply, outcome="discarded")
                 raise RequestFailed(

@@ -593,10 +593,12 @@ def _what_it_buys(plan: SpendPlan, buying: list[SetPlan]) -> str:
         caveat = " if the inputs fit" if any(item.usd_at_least for item in buying) else ""
         left = ", ".join(full) or "none"
         return f"In short: ${plan.remaining_usd:,.2f} buys every set left ({left}){caveat}, so the drafter."
+    bought = f"buys {', '.join(full)} in full but not {', '.join(short)}" if full else (
+        f"buys none of {', '.join(short)} in full"
+    )
     return (
-        f"In short: ${plan.remaining_usd:,.2f} buys {', '.join(full) or 'no set'} in full but not "
-        f"{', '.join(short)}; training needs every set in `datasets`, so this budget buys no drafter: "
-        "raise budget.usd or list fewer sets."
+        f"In short: ${plan.remaining_usd:,.2f} {bought}; training needs every set in `datasets`, so this "
+        "budget buys no drafter: raise budget.usd or list fewer sets."
     )
 
 

@@ -66,8 +66,20 @@ def _error_class(status: int | None, limit_source: str | None, provider_name: st
     return f"http_{status}_provider" if provider_name and status == 400 else f"http_{status}"
 
 
-async def read_reply(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-    response = await http.post("chat/completions", json=body)
+async def read_reply(
+    http: httpx.AsyncClient,
+    body: dict[str, Any],
+    on_started: Callable[[str], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
+    """A non-streamed answer, read through httpx's streaming API so that the `X-Generation-Id` header,
+    which OpenRouter sends on every answer, is journaled (`on_started`) as soon as the headers arrive:
+    a server that sends them before the body (with keep-alive whitespace) lets a cut-off or killed
+    request be found in `/generation` as a streamed one would."""
+    async with http.stream("POST", "chat/completions", json=body) as response:
+        generation_id = response.headers.get("x-generation-id")
+        if response.status_code == 200 and generation_id and on_started:
+            await on_started(generation_id)
+        await response.aread()
     if response.status_code != 200:
         raise _http_failure(response)
     try:
