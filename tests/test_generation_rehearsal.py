@@ -373,18 +373,19 @@ def test_two_sets_at_once_share_one_dollar_budget(tmp_path: Path) -> None:
 
 def test_the_seeds_in_flight_budget_at_2000_in_flight_finishes_the_set_unattended(tmp_path: Path) -> None:
     """The real config's first second: 2000 requests whose worst case is $0.05 each (max_tokens 20,000 at
-    $2.50/M) against $100 of credit whose in-flight budget holds only $30 of them. OpenRouter answers
-    402 openrouter_in_flight_budget with Retry-After; the client waits, lowers its concurrency and
-    finishes the set without a manual step, nothing bought twice, the ledger equal to the charges."""
+    $2.50/M) against $100 of credit whose in-flight budget holds only $5 of them (100 requests).
+    OpenRouter answers 402 openrouter_in_flight_budget with Retry-After; the client waits, lowers its
+    concurrency and finishes the set without a manual step, nothing bought twice, the ledger equal to the
+    charges."""
     prompts = 3000
     with rig(
         tmp_path,
         "--tokens-per-s", "0",
-        "--latency-s", "1.5",
+        "--latency-s", "2",
         "--mean-tokens", "300",
         "--tokens-per-event", "64",
         "--credit-limit", "100",
-        "--in-flight-budget", "30",
+        "--in-flight-budget", "5",
     ) as run:
         run.configure(
             {"seeds": prompts},

@@ -142,7 +142,7 @@ def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: st
         "model_id": model_id,
         "model_name": model_id,
         "context_length": context_length,
-        "max_completion_tokens": min(4096, context_length),
+        "max_completion_tokens": min(65536, context_length),  # as Kimi-K2.5's endpoints allow
         "max_prompt_tokens": None,
         "supported_parameters": list(FULL_PARAMETERS),
         "status": 0,
