@@ -11,6 +11,12 @@ last prompt sent (the ramp and the heavy-tailed drain excluded).
 
     python bench/generation_client.py                      # the full table
     python bench/generation_client.py --in-flight 50 --requests 200 --tokens-per-s 100   # a smoke run
+    python bench/generation_client.py --seeds --previous-tree /tmp/ep-prev   # the seeds' shape, old vs new
+
+`--seeds` runs the seeds' shape scaled to what two cores can serve (`SEEDS_SHAPE`: long answers at one
+token per event, so the per-event cost is what it measures; other options still override it) with only
+the rows that compare: this client streamed and not, the same client from `--previous-tree` (another
+checkout of the project, e.g. `git worktree add /tmp/ep-prev REV`) and AsyncOpenAI.
 """
 
 from __future__ import annotations
@@ -112,6 +118,20 @@ async def run_openai(url: str, count: int, in_flight: int, stream: bool, max_tok
     return sum(tokens for _, tokens in answers)
 
 
+SEEDS_CASES = [
+    ("eaglepipe", True, 1),
+    ("eaglepipe", False, 1),
+    ("openai+semaphore", True, 1),
+    ("openai+semaphore", False, 1),
+]
+PREVIOUS = "eaglepipe, previous tree"
+# The seeds send ~18 answers/s of ~1,700 tokens at one token per event (30k events/s); two cores shared
+# with the emulator serve ~4k events/s, so: 150 in flight, 600-token answers at 30 tok/s per request.
+SEEDS_SHAPE = {
+    "in_flight": 150, "requests": 450, "mean_tokens": 600, "tokens_per_s": 30.0, "max_tokens": 2000
+}
+
+
 def client_process(args: argparse.Namespace) -> None:
     """One case's client: prints {wall_s, cpu_s, completion_tokens, peak_rss_mb} as JSON."""
     if args.client == "eaglepipe, one pool":  # the design it replaced: one httpx pool for every connection
@@ -153,6 +173,8 @@ def process_cpu_s(pid: int) -> float:
 
 
 def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int) -> dict[str, Any]:
+    """One row. The previous tree's client runs with that checkout first on PYTHONPATH (the client process
+    starts from bench/, so the working copy's package is not on its path)."""
     emulator = [
         "--model-id",
         MODEL,
@@ -170,11 +192,14 @@ def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int
     with running_emulator(None, extra_args=emulator) as url:
         pid = httpx.get(f"{url}/emulator/stats").json()["pid"]
         emulator_cpu = process_cpu_s(pid)
+        env = dict(os.environ)
+        if client == PREVIOUS:
+            env["PYTHONPATH"] = str(args.previous_tree)
         command = [
             sys.executable,
             __file__,
             "--client",
-            client,
+            "eaglepipe" if client == PREVIOUS else client,
             "--url",
             url,
             "--requests",
@@ -187,7 +212,9 @@ def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int
         if stream:
             command.append("--stream")
         samples: list[tuple[float, dict[str, Any]]] = []
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         while process.poll() is None:
             samples.append((time.monotonic(), httpx.get(f"{url}/emulator/stats").json()))
             time.sleep(0.5)
@@ -202,14 +229,17 @@ def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int
     mean_tokens = stats["completion_tokens"] / max(1, stats["requests_billed"])
     ideal = args.in_flight * mean_tokens / (args.latency_s + mean_tokens / args.tokens_per_s)
     rate = steady_rate(samples, args.in_flight, args.requests)
+    events = stats["completion_tokens"] / per_event if stream else None
     return {
-        "client": client,
+        "client": f"{client} ({args.previous_tree.name})" if client == PREVIOUS else client,
         "mode": f"stream, {per_event}/event" if stream else "not streamed",
         "responses": responses,
         "tok_s": rate,
         "ideal_tok_s": ideal,
         "of_ideal": rate / ideal,
         "client_cpu_ms_per_response": measured["cpu_s"] / responses * 1000,
+        # Everything the client spent, per SSE event (its per-response work included): an upper bound.
+        "client_cpu_us_per_event": measured["cpu_s"] / events * 1e6 if events else None,
         "client_cores": measured["cpu_s"] / measured["wall_s"],
         "peak_rss_mb": measured["peak_rss_mb"],
         "emulator_cpu_ms_per_response": measured["emulator_cpu_s"] / responses * 1000,
@@ -218,15 +248,16 @@ def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| client | mode | responses | tok/s | of ideal | client CPU ms/resp | client cores | "
-        "peak RSS MB | emulator CPU ms/resp |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| client | mode | responses | tok/s | of ideal | client CPU ms/resp | client CPU us/event | "
+        "client cores | peak RSS MB | emulator CPU ms/resp |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        per_event = f"{r['client_cpu_us_per_event']:.0f}" if r["client_cpu_us_per_event"] else "-"
         lines.append(
             f"| {r['client']} | {r['mode']} | {r['responses']} | {r['tok_s']:,.0f} | {r['of_ideal']:.0%} | "
-            f"{r['client_cpu_ms_per_response']:.2f} | {r['client_cores']:.2f} | {r['peak_rss_mb']:.0f} | "
-            f"{r['emulator_cpu_ms_per_response']:.2f} |"
+            f"{r['client_cpu_ms_per_response']:.2f} | {per_event} | {r['client_cores']:.2f} | "
+            f"{r['peak_rss_mb']:.0f} | {r['emulator_cpu_ms_per_response']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -240,15 +271,23 @@ def main() -> None:
     parser.add_argument("--latency-s", type=float, default=0.5)
     parser.add_argument("--max-tokens", type=int, default=600)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--seeds", action="store_true", help="the seeds' shape, comparison rows only")
+    parser.add_argument("--previous-tree", type=Path, help="another checkout whose client gets rows too")
     parser.add_argument("--client", choices=sorted({case[0] for case in CASES}), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.seeds:  # the seeds' long answers at one token per event, scaled to what two cores serve
+        parser.set_defaults(**SEEDS_SHAPE)
+        args = parser.parse_args()
     if args.client:
         client_process(args)
         return
+    cases = SEEDS_CASES if args.seeds else CASES
+    if args.previous_tree:
+        cases = [*cases[:2], (PREVIOUS, True, 1), (PREVIOUS, False, 1), *cases[2:]]
     rows = []
-    for client, stream, per_event in CASES:
+    for client, stream, per_event in cases:
         rows.append(run_case(args, client, stream, per_event))
         print(f"done: {client}, {rows[-1]['mode']}", file=sys.stderr, flush=True)
     print(

@@ -1,21 +1,19 @@
 """Snakemake adapter: the learning curve, acceptance of the drafters kept along training."""
 
-import json
 from pathlib import Path
 
 from eaglepipe.drafter.evaluate import learning_curve
-from eaglepipe.drafter.holdout import holdout_prompts
+from eaglepipe.drafter.holdout import training_holdout_prompts
 from eaglepipe.io import write_json
 from eaglepipe.jobs import snakemake_job
 
 with snakemake_job(snakemake) as log:
     settings = snakemake.params.settings
-    holdout_ids = json.loads(Path(snakemake.input.report).read_text())["holdout_ids"]
-    prompts = holdout_prompts(
+    prompts = training_holdout_prompts(
+        Path(snakemake.input.report),
         snakemake.params.datasets,
         [Path(p) for p in snakemake.input.tokens],
         [Path(p) for p in snakemake.input.token_stats],
-        holdout_ids,
     )
     curve = learning_curve(
         Path(snakemake.input.snapshots),

@@ -1,21 +1,19 @@
 """Snakemake adapter: acceptance length of the exported drafter on the held-out prompts."""
 
-import json
 from pathlib import Path
 
 from eaglepipe.drafter.evaluate import evaluate
-from eaglepipe.drafter.holdout import holdout_prompts
+from eaglepipe.drafter.holdout import training_holdout_prompts
 from eaglepipe.io import write_json
 from eaglepipe.jobs import snakemake_job
 
 with snakemake_job(snakemake) as log:
     settings = snakemake.params.settings
-    holdout_ids = json.loads(Path(snakemake.input.report).read_text())["holdout_ids"]
-    prompts = holdout_prompts(
+    prompts = training_holdout_prompts(
+        Path(snakemake.input.report),
         snakemake.params.datasets,
         [Path(p) for p in snakemake.input.tokens],
         [Path(p) for p in snakemake.input.token_stats],
-        holdout_ids,
     )
     result = evaluate(
         Path(snakemake.params.drafter_dir),

@@ -42,3 +42,11 @@ def holdout_prompts(
                 start = int(offsets[row])
                 found.append((dataset, pid, ids[start : start + int(prompt_len[row])].tolist()))
     return found
+
+
+def training_holdout_prompts(
+    train_report: Path, datasets: list[str], token_files: list[Path], token_stats: list[Path]
+) -> list[tuple[str, str, list[int]]]:
+    """`holdout_prompts` for the ids a training held out, as its `train.json` records them."""
+    holdout_ids = json.loads(Path(train_report).read_text())["holdout_ids"]
+    return holdout_prompts(datasets, token_files, token_stats, holdout_ids)

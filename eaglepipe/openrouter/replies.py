@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -141,12 +141,8 @@ async def read_streamed_reply(
         stream = _StreamedAnswer(response.headers.get("x-generation-id"))
         if stream.generation_id and on_started:
             await on_started(stream.generation_id)
-        async for line in response.aiter_lines():
-            # Blank lines separate events; ":" lines are keep-alive comments; only `data:` carries chunks.
-            if not line.startswith("data:"):
-                continue
-            payload = line[len("data:") :].strip()
-            if payload == "[DONE]":
+        async for payload in _data_payloads(response):
+            if payload == b"[DONE]":
                 break
             try:
                 chunk = json.loads(payload)
@@ -159,6 +155,28 @@ async def read_streamed_reply(
         if stream.finish_reason is None:
             raise stream.context().failed("the stream ended without a finish_reason", "network")
         return _record_fields(stream.answer(), stream.provider, stream.generation_id, stream.usage, response)
+
+
+async def _data_payloads(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The payload of each `data:` line, as bytes, read straight from the connection's chunks.
+
+    The lean path: no text decoding and no str line per event (httpx's `aiter_lines` decodes and splits
+    every chunk through two more generators), only a split on newlines; JSON parses bytes as they are.
+    Blank lines (event ends), `:` keep-alive comments and other fields are skipped; a line split across
+    two reads is joined first.
+    """
+    pending = b""
+    async for piece in response.aiter_bytes():
+        if pending:
+            piece, pending = pending + piece, b""
+        start = 0
+        while (end := piece.find(b"\n", start)) != -1:
+            if piece.startswith(b"data:", start):
+                yield piece[start + 5 : end].strip()
+            start = end + 1
+        pending = piece[start:]
+    if pending.startswith(b"data:"):
+        yield pending[5:].strip()
 
 
 class _FailureContext:
