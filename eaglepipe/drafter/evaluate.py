@@ -243,11 +243,7 @@ def evaluate(
             f"evaluation drafts one chain: use topk 1 and num_draft_tokens = num_steps + 1 "
             f"(got topk {topk}, num_steps {num_steps}, num_draft_tokens {num_draft_tokens})"
         )
-    if not prompts:
-        raise DrafterError("no held-out prompts to evaluate: hold some prompt ids out of training")
-    target, tokenizer = load_target(target_dir, dtype=dtype, device=device)
-    stop_id = stop_token_id(tokenizer)
-    trained = load_exported(drafter_dir, target_dir, dtype=dtype).to(target.device)
+    target, stop_id, trained = _open(drafter_dir, target_dir, prompts, dtype, device)
     untrained = untrained_like(trained, seed).to(target.device)
     methods = {
         "eagle3": lambda: EagleProposer(trained),
@@ -326,11 +322,7 @@ def learning_curve(
         raise DrafterError(
             f"{snapshot_dir}/index.json lists no drafters: set drafter.curve_points (2 or more) and retrain"
         )
-    if not prompts:
-        raise DrafterError("no held-out prompts to evaluate: hold some prompt ids out of training")
-    target, tokenizer = load_target(target_dir, dtype=dtype, device=device)
-    stop_id = stop_token_id(tokenizer)
-    final = load_exported(final_dir, target_dir, dtype=dtype).to(target.device)
+    target, stop_id, final = _open(final_dir, target_dir, prompts, dtype, device)
 
     def measure(make_proposer: Callable[[], Proposer]) -> dict[str, Any]:
         runs = _generate_all(target, prompts, make_proposer, num_steps, max_new_tokens, batch_size, stop_id)
@@ -354,6 +346,17 @@ def learning_curve(
             "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed, "dtype": dtype
         },
     }
+
+
+def _open(
+    drafter_dir: Path, target_dir: Path, prompts: list[list[int]], dtype: str, device: str
+) -> tuple[Any, int, Eagle3Drafter]:
+    """(target, its stop id, the exported drafter on the target's device), once there is work to do."""
+    if not prompts:
+        raise DrafterError("no held-out prompts to evaluate: hold some prompt ids out of training")
+    target, tokenizer = load_target(target_dir, dtype=dtype, device=device)
+    drafter = load_exported(drafter_dir, target_dir, dtype=dtype).to(target.device)
+    return target, stop_token_id(tokenizer), drafter
 
 
 def _generate_all(

@@ -337,8 +337,12 @@ class _Run:
         if failure.provider:
             self.provider(failure.provider).errors += 1
 
+    def dropped(self) -> frozenset[str]:
+        """The providers the breaker dropped, in lower case as routing compares names."""
+        return frozenset(name.lower() for name in self.breaker.dropped)
+
     def request_fields(self) -> dict[str, Any]:
-        return self.settings.shared_request_fields(frozenset(name.lower() for name in self.breaker.dropped))
+        return self.settings.shared_request_fields(self.dropped())
 
     def strike(self, provider: str, reason: str) -> None:
         """One unusable answer or error from `provider`; the breaker may drop it, and with it the run."""
@@ -346,7 +350,7 @@ class _Run:
             return
         log.warning("%s: provider %s dropped for the rest of the run: %s", self.dataset, provider,
                     self.breaker.dropped[provider])
-        dropped = {name.lower() for name in self.breaker.dropped}
+        dropped = self.dropped()
         # Without an allowlist (any server, self-hosted) nothing can be routed around the provider: stop.
         left = [name for name in self.settings.allowed_providers if name.lower() not in dropped]
         if not left:
