@@ -326,10 +326,10 @@ def test_evaluation_feeds_the_drafter_as_training_does(manifest, model_dir, targ
             states = model(ids[:, : t + 1], output_hidden_states=True).hidden_states
             aux = torch.cat([states[i + 1][0] for i in aux_layer_ids], dim=-1)
             proposer = EagleProposer(drafter)
-            drafts = proposer.propose(ids[0, : t + 2].tolist(), aux, num_steps=1)
+            drafts = proposer.propose([0], [ids[0, : t + 2].tolist()], [aux], num_steps=1)
             context_keys = training.keys[:, :, : t + 1]  # rows 0..t: aux r with token r+1
-            torch.testing.assert_close(proposer.cache.keys, context_keys, rtol=1e-4, atol=1e-4)
-            assert drafts == [int(drafter.draft_to_target(training_logits[0, t].argmax()))]
+            torch.testing.assert_close(proposer.caches[0].keys, context_keys, rtol=1e-4, atol=1e-4)
+            assert drafts == [[int(drafter.draft_to_target(training_logits[0, t].argmax()))]]
 
 
 def test_final_hidden_state_is_after_the_final_norm(target):
@@ -493,6 +493,13 @@ def test_batched_rows_verify_exactly_as_one_prompt_at_a_time(trained, target, mo
             model, prompts, [make() for _ in prompts], num_steps=3, max_new_tokens=20, stop_id=stop
         )
         assert batched == alone
+        shared = make()  # one proposer for every row, as the evaluation runs a method: packed drafter steps
+        assert (
+            speculative_generate_batch(
+                model, prompts, [shared] * len(prompts), num_steps=3, max_new_tokens=20, stop_id=stop
+            )
+            == alone
+        )
         assert len({run.target_forwards for run in alone}) > 1  # the rows really finish at different rounds
         assert any(run.accepted_drafts for run in alone)
 

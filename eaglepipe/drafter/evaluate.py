@@ -23,7 +23,9 @@ from transformers import DynamicCache
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.export import load_exported
 from eaglepipe.drafter.model import DraftCache, Eagle3Drafter
+from eaglepipe.target.attention import use_grouped_sdpa
 from eaglepipe.target.chat import stop_token_id
+from eaglepipe.target.kv_cache import growing_cache, right_padded
 from eaglepipe.target.load import load_target
 
 PROMPT_LOOKUP_MAX_NGRAM = 3
@@ -31,35 +33,47 @@ ENGINE = "eaglepipe draft-and-verify loop (transformers target, greedy, one draf
 
 
 class Proposer(Protocol):
+    """Drafts for many sequences at once, each named by a row id that stays the same across calls."""
+
     aux_layer_ids: list[int] | None  # target layers whose outputs `propose` needs; None: no hidden states
 
-    def propose(self, tokens: list[int], new_aux: Tensor | None, num_steps: int) -> list[int]:
-        """Up to `num_steps` guesses of the tokens after `tokens`.
+    def propose(
+        self, rows: list[int], tokens: list[list[int]], new_aux: list[Tensor | None], num_steps: int
+    ) -> list[list[int]]:
+        """For each row, up to `num_steps` guesses of the tokens after its `tokens`.
 
-        `new_aux` [n, 3H] holds the aux states of the n positions verified since the last call, which
-        are the last n positions before the final token of `tokens`.
+        A row's `new_aux` [n, 3H] holds the aux states of the n positions verified since its last call,
+        which are the last n positions before the final token of its `tokens`.
         """
         ...
 
 
 class EagleProposer:
+    """One drafter for all its rows: a cache per row, one packed drafter step for all of them."""
+
     def __init__(self, drafter: Eagle3Drafter) -> None:
         self.drafter = drafter
         self.aux_layer_ids = list(drafter.config.aux_layer_ids)
-        self.cache = DraftCache()
+        self.caches: dict[int, DraftCache] = {}
 
     @torch.no_grad()
-    def propose(self, tokens: list[int], new_aux: Tensor | None, num_steps: int) -> list[int]:
-        start = self.cache.length
-        ids = torch.tensor([tokens[start + 1 : start + 1 + len(new_aux)]], device=new_aux.device)
-        logits, hidden = self.drafter(ids, new_aux[None], self.cache)
-        logits, hidden = logits[:, -1:], hidden[:, -1:]
-        drafts: list[int] = []
-        for _ in range(num_steps):
-            draft = self.drafter.draft_to_target(logits.argmax(-1))
-            drafts.append(int(draft))
-            if len(drafts) < num_steps:
-                logits, hidden = self.drafter(draft, hidden, self.cache)
+    def propose(
+        self, rows: list[int], tokens: list[list[int]], new_aux: list[Tensor | None], num_steps: int
+    ) -> list[list[int]]:
+        caches = [self.caches.setdefault(row, DraftCache()) for row in rows]
+        ids = [
+            torch.tensor([row_tokens[cache.length + 1 : cache.length + 1 + len(aux)]], device=aux.device)
+            for row_tokens, cache, aux in zip(tokens, caches, new_aux, strict=True)
+        ]
+        hidden = self.drafter.step_packed(ids, [aux[None] for aux in new_aux], caches)
+        hidden = [h[:, -1:] for h in hidden]
+        drafts: list[list[int]] = [[] for _ in rows]
+        for step in range(num_steps):
+            guesses = self.drafter.draft_to_target(self.drafter.logits(torch.cat(hidden, dim=1)).argmax(-1))
+            for row_drafts, guess in zip(drafts, guesses[0].tolist(), strict=True):
+                row_drafts.append(guess)
+            if step + 1 < num_steps:
+                hidden = self.drafter.step_packed(list(guesses.split(1, dim=1)), hidden, caches)
         return drafts
 
 
@@ -68,7 +82,13 @@ class PromptLookupProposer:
 
     aux_layer_ids = None
 
-    def propose(self, tokens: list[int], new_aux: Tensor | None, num_steps: int) -> list[int]:
+    def propose(
+        self, rows: list[int], tokens: list[list[int]], new_aux: list[Tensor | None], num_steps: int
+    ) -> list[list[int]]:
+        return [self._lookup(row_tokens, num_steps) for row_tokens in tokens]
+
+    @staticmethod
+    def _lookup(tokens: list[int], num_steps: int) -> list[int]:
         for n in range(PROMPT_LOOKUP_MAX_NGRAM, 0, -1):
             suffix = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
@@ -95,19 +115,61 @@ class Generation:
         return sum(self.accepted_per_position)
 
 
+@dataclass
+class Prefill:
+    """One prompt through the target alone, unpadded: every method's row for that prompt starts from it."""
+
+    keys: list[Tensor]  # per target layer [1, kv_heads, len, head_dim]
+    values: list[Tensor]
+    first_token: int  # the target's greedy token after the prompt
+    aux: Tensor | None  # [len, 3H], the aux states of the prompt's positions
+
+
+@torch.no_grad()
+def prefill(target: Any, prompt: list[int], aux_layer_ids: list[int] | None) -> Prefill:
+    cache = DynamicCache()
+    out = target(
+        input_ids=torch.tensor([prompt], device=target.device),
+        cache=cache,
+        use_cache=True,
+        output_hidden_states=aux_layer_ids is not None,
+        logits_to_keep=1,  # only the last position's logits are read: no vocabulary projection for the rest
+    )
+    aux = None
+    if aux_layer_ids is not None:
+        aux = torch.cat([out.hidden_states[i + 1][0] for i in aux_layer_ids], dim=-1)
+    return Prefill(
+        [layer.keys for layer in cache.layers],
+        [layer.values for layer in cache.layers],
+        int(out.logits[0, -1].argmax()),
+        aux,
+    )
+
+
 class SharedTargetCache:
     """One KV cache for a batch of rows that accept different numbers of drafts.
 
-    Every forward appends the same number of slots to every row; the slots a row does not keep (padding,
-    rejected drafts) stay in the cache but are masked out of every later forward, so each row attends to
-    exactly the tokens it would have in a cache of its own.
+    It starts from each row's own prefill, right-padded to the longest. Every forward appends the same
+    number of slots to every row; the slots a row does not keep (padding, rejected drafts) stay in the
+    cache but are masked out of every later forward, so each row attends to exactly the tokens it would
+    have in a cache of its own.
     """
 
-    def __init__(self, target: Any, aux_layer_ids: list[int] | None) -> None:
+    def __init__(
+        self, target: Any, aux_layer_ids: list[int] | None, prefills: list[Prefill], room: int
+    ) -> None:
         self.target = target
         self.aux_layer_ids = aux_layer_ids
-        self.cache = DynamicCache()
-        self.kept = torch.zeros(0, 0, dtype=torch.bool, device=target.device)  # [rows, slots]
+        lengths = [p.keys[0].shape[2] for p in prefills]
+        width = max(lengths)
+        layers = range(len(prefills[0].keys))
+        self.cache = growing_cache(
+            [right_padded([p.keys[layer] for p in prefills], width) for layer in layers],
+            [right_padded([p.values[layer] for p in prefills], width) for layer in layers],
+            room,
+        )
+        slots = torch.arange(width, device=target.device)
+        self.kept = slots[None, :] < torch.tensor(lengths, device=target.device)[:, None]  # [rows, slots]
 
     def forward(self, rows: list[list[int]], positions: list[int]) -> tuple[Tensor, Tensor | None]:
         """(logits [B, W, V], aux [B, W, 3H] or None) for each row's ids, right-padded to width W.
@@ -121,7 +183,7 @@ class SharedTargetCache:
         position_ids = torch.tensor(positions, device=device)[:, None] + torch.arange(width, device=device)
         past = self.kept.shape[1]
         fresh = torch.ones(ids.shape, dtype=torch.bool, device=device)
-        self.kept = torch.cat((self.kept.reshape(len(rows), past), fresh), dim=1)
+        self.kept = torch.cat((self.kept, fresh), dim=1)
         query_slots = torch.arange(past, past + width, device=device)
         causal = torch.arange(past + width, device=device)[None, :] <= query_slots[:, None]
         out = self.target(
@@ -167,18 +229,21 @@ def speculative_generate_batch(
     max_new_tokens: int,
     stop_id: int,
 ) -> list[Generation]:
-    """`speculative_generate` for many prompts at once: one target forward per round verifies every row.
+    """`speculative_generate` for many rows at once: one target forward per round verifies every row.
 
-    Each row accepts its own drafts; a row that has finished rides along without being kept.
+    Each row accepts its own drafts; a row that has finished rides along without being kept. Rows with
+    the same prompt (one per method) share its prefill, which runs unpadded, one prompt at a time.
     """
     aux_layer_ids = next((p.aux_layer_ids for p in proposers if p.aux_layer_ids is not None), None)
-    shared = SharedTargetCache(target, aux_layer_ids)
-    logits, aux = shared.forward(prompts, [0] * len(prompts))
-    tokens, new_aux = [], []
-    for row, prompt in enumerate(prompts):
-        shared.keep(row, logits.shape[1], len(prompt))
-        tokens.append([*prompt, int(logits[row, len(prompt) - 1].argmax())])
-        new_aux.append(None if aux is None else aux[row, : len(prompt)])
+    prefills: dict[tuple[int, ...], Prefill] = {}
+    for prompt in prompts:
+        if tuple(prompt) not in prefills:
+            prefills[tuple(prompt)] = prefill(target, prompt, aux_layer_ids)
+    row_prefills = [prefills[tuple(prompt)] for prompt in prompts]
+    # Each round appends at most num_steps + 1 slots and emits at least one token for every unfinished row.
+    shared = SharedTargetCache(target, aux_layer_ids, row_prefills, room=max_new_tokens * (num_steps + 1))
+    tokens = [[*prompt, p.first_token] for prompt, p in zip(prompts, row_prefills, strict=True)]
+    new_aux = [p.aux for p in row_prefills]
     forwards = [0] * len(prompts)
     accepted_per_position = [[0] * num_steps for _ in prompts]
 
@@ -187,10 +252,17 @@ def speculative_generate_batch(
 
     while any(unfinished(row) for row in range(len(prompts))):
         active = [unfinished(row) for row in range(len(prompts))]
-        drafts = [
-            proposers[row].propose(tokens[row], new_aux[row], num_steps)[:num_steps] if active[row] else []
-            for row in range(len(prompts))
-        ]
+        drafts: list[list[int]] = [[] for _ in prompts]
+        by_proposer: dict[int, list[int]] = {}
+        for row in range(len(prompts)):
+            if active[row]:
+                by_proposer.setdefault(id(proposers[row]), []).append(row)
+        for rows in by_proposer.values():
+            proposed = proposers[rows[0]].propose(
+                rows, [tokens[row] for row in rows], [new_aux[row] for row in rows], num_steps
+            )
+            for row, row_drafts in zip(rows, proposed, strict=True):
+                drafts[row] = row_drafts[:num_steps]
         inputs = [[tokens[row][-1], *drafts[row]] for row in range(len(prompts))]
         logits, aux = shared.forward(inputs, [len(t) - 1 for t in tokens])
         for row, row_drafts in enumerate(drafts):
@@ -235,7 +307,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """eval.json: acceptance of the exported drafter, an untrained one and prompt lookup on `prompts`.
 
-    Each method runs its prompts `batch_size` at a time through one shared target forward per round.
+    The prompts go `batch_size` at a time, each with a row per method, through one target forward per round.
     `prompt_ids`/`prompt_sets` (one per prompt) label the prompts and give the per-set figures.
     """
     if topk != 1 or num_draft_tokens != num_steps + 1:
@@ -250,33 +322,32 @@ def evaluate(
         "eagle3_untrained": lambda: EagleProposer(untrained),
         "prompt_lookup": PromptLookupProposer,
     }
-    report: dict[str, dict[str, Any]] = {}
-    outputs: dict[str, list[list[int]]] = {}
-    runs_by_method: dict[str, list[Generation]] = {}
     # Each per-prompt entry names its prompt, so a figure or a reader can trace it to its set.
     labels: list[dict[str, str]] = (
         [{"prompt_id": pid, "set": ds} for pid, ds in zip(prompt_ids, prompt_sets, strict=True)]
         if prompt_ids is not None and prompt_sets is not None
         else [{} for _ in prompts]
     )
-    for name, make_proposer in methods.items():
-        started = time.perf_counter()
-        runs = _generate_all(target, prompts, make_proposer, num_steps, max_new_tokens, batch_size, stop_id)
-        report[name] = {
+    started = time.perf_counter()
+    runs_by_method = _generate_all(target, prompts, methods, num_steps, max_new_tokens, batch_size, stop_id)
+    seconds = round(time.perf_counter() - started, 2)
+    report = {
+        name: {
             **_acceptance(runs, num_steps),
-            "seconds": round(time.perf_counter() - started, 2),
             "per_prompt": [
                 {**label, **_acceptance([run], num_steps)} for label, run in zip(labels, runs, strict=True)
             ],
         }
-        outputs[name] = [run.tokens for run in runs]
-        runs_by_method[name] = runs
+        for name, runs in runs_by_method.items()
+    }
+    outputs = {name: [run.tokens for run in runs] for name, runs in runs_by_method.items()}
     result: dict[str, Any] = {
         "methods": report,
         "held_out_prompts": len(prompts),
         "outputs_identical_across_methods": len({str(o) for o in outputs.values()}) == 1,
         "k": num_steps,
         "engine": ENGINE,
+        "seconds": seconds,  # every method at once: they share the target's forwards
         "settings": {
             "num_steps": num_steps,
             "topk": topk,
@@ -323,27 +394,33 @@ def learning_curve(
             f"{snapshot_dir}/index.json lists no drafters: set drafter.curve_points (2 or more) and retrain"
         )
     target, stop_id, final = _open(final_dir, target_dir, prompts, dtype, device)
-
-    def measure(make_proposer: Callable[[], Proposer]) -> dict[str, Any]:
-        runs = _generate_all(target, prompts, make_proposer, num_steps, max_new_tokens, batch_size, stop_id)
-        return _acceptance(runs, num_steps)
-
     untrained = untrained_like(final, seed).to(target.device)
-    points = [{"step": 0, "tokens_seen": 0, **measure(lambda: EagleProposer(untrained))}]
+    methods: dict[str, Callable[[], Proposer]] = {"untrained": lambda: EagleProposer(untrained)}
     for point in index:
-        drafter = final if point["dir"] is None else (
-            load_exported(Path(snapshot_dir) / point["dir"], target_dir, dtype=dtype).to(target.device)
+        drafter = (
+            final
+            if point["dir"] is None
+            else (load_exported(Path(snapshot_dir) / point["dir"], target_dir, dtype=dtype).to(target.device))
         )
-        seen = {"step": point["step"], "tokens_seen": point["tokens_seen"]}
-        points.append({**seen, **measure(functools.partial(EagleProposer, drafter))})
+        methods[f"step {point['step']}"] = functools.partial(EagleProposer, drafter)
+    methods["prompt_lookup"] = PromptLookupProposer
+    runs = _generate_all(target, prompts, methods, num_steps, max_new_tokens, batch_size, stop_id)
+    measured = {name: _acceptance(method_runs, num_steps) for name, method_runs in runs.items()}
+    points = [{"step": 0, "tokens_seen": 0, **measured["untrained"]}] + [
+        {"step": point["step"], "tokens_seen": point["tokens_seen"], **measured[f"step {point['step']}"]}
+        for point in index
+    ]
     return {
         "points": points,
-        "prompt_lookup": measure(PromptLookupProposer),
+        "prompt_lookup": measured["prompt_lookup"],
         "held_out_prompts": len(prompts),
         "k": num_steps,
         "engine": ENGINE,
         "settings": {
-            "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed, "dtype": dtype
+            "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
+            "seed": seed,
+            "dtype": dtype,
         },
     }
 
@@ -355,6 +432,7 @@ def _open(
     if not prompts:
         raise DrafterError("no held-out prompts to evaluate: hold some prompt ids out of training")
     target, tokenizer = load_target(target_dir, dtype=dtype, device=device)
+    use_grouped_sdpa(target)  # the batched verify forward's mask would copy the KV cache per query group
     drafter = load_exported(drafter_dir, target_dir, dtype=dtype).to(target.device)
     return target, stop_token_id(tokenizer), drafter
 
@@ -362,23 +440,28 @@ def _open(
 def _generate_all(
     target: Any,
     prompts: list[list[int]],
-    make_proposer: Callable[[], Proposer],
+    methods: dict[str, Callable[[], Proposer]],
     num_steps: int,
     max_new_tokens: int,
     batch_size: int,
     stop_id: int,
-) -> list[Generation]:
-    runs: list[Generation] = []
+) -> dict[str, list[Generation]]:
+    """Every method's runs on every prompt: `batch_size` prompts at a time, each with one row per method,
+    so one target forward per round verifies all methods and each prompt is prefilled once."""
+    runs: dict[str, list[Generation]] = {name: [] for name in methods}
     for first in range(0, len(prompts), batch_size):
         batch = prompts[first : first + batch_size]
-        runs += speculative_generate_batch(
+        proposers = [make_proposer() for make_proposer in methods.values()]
+        rows = speculative_generate_batch(
             target,
-            batch,
-            [make_proposer() for _ in batch],
+            [prompt for _ in methods for prompt in batch],
+            [proposer for proposer in proposers for _ in batch],
             num_steps=num_steps,
             max_new_tokens=max_new_tokens,
             stop_id=stop_id,
         )
+        for index, name in enumerate(methods):
+            runs[name] += rows[index * len(batch) : (index + 1) * len(batch)]
     return runs
 
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.frozen import load_target_embeddings
-from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter, self_attention
+from eaglepipe.drafter.model import Eagle3Config, Eagle3Drafter, PackedRows, self_attention
 from eaglepipe.io import atomic_write, write_json
 from eaglepipe.target.layer_ids import aux_layers_as_read, check_engines_agree, served_config_keys
 
@@ -153,9 +153,9 @@ class FusedAttention(nn.Module):
         self.qkv_proj = nn.Linear(2 * config.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: DraftCache, context_step: bool) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, packed: PackedRows, context_step: bool) -> Tensor:
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        return self.o_proj(self_attention(q, k, v, cos, sin, cache, context_step, self.head_dim))
+        return self.o_proj(self_attention(q, k, v, cos, sin, packed, context_step, self.head_dim))
 
 
 class FusedMLP(nn.Module):

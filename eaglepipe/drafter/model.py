@@ -143,7 +143,42 @@ class DraftCache:
         self.chain_values.append(values)
 
 
+@dataclass
+class PackedRows:
+    """Independent sequences packed along the row dimension, each with its own cache and row count.
+
+    The linear layers see one tensor, so one read of the weights serves every sequence: a draft step for
+    many prompts costs about what it costs for one while it is memory-bound. Only attention is per sequence.
+    """
+
+    caches: list[DraftCache]
+    sizes: list[int]
+
+
 def self_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    packed: PackedRows,
+    context_step: bool,
+    head_dim: int,
+) -> Tensor:
+    """[B, R, heads*d] projections -> [B, R, heads*d]; shared by the split and the fused (SGLang) layout."""
+    segments = zip(
+        q.split(packed.sizes, 1),
+        k.split(packed.sizes, 1),
+        v.split(packed.sizes, 1),
+        cos.split(packed.sizes),
+        sin.split(packed.sizes),
+        packed.caches,
+        strict=True,
+    )
+    return torch.cat([_attend(*segment, context_step, head_dim) for segment in segments], dim=1)
+
+
+def _attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -153,7 +188,6 @@ def self_attention(
     context_step: bool,
     head_dim: int,
 ) -> Tensor:
-    """[B, R, heads*d] projections -> [B, R, heads*d]; shared by the split and the fused (SGLang) layout."""
     batch, rows, _ = q.shape
     q, k, v = (t.view(batch, rows, -1, head_dim).transpose(1, 2) for t in (q, k, v))
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -189,9 +223,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(width, config.num_key_value_heads * d, bias=False)
         self.o_proj = nn.Linear(config.num_attention_heads * d, config.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: DraftCache, context_step: bool) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, packed: PackedRows, context_step: bool) -> Tensor:
         out = self_attention(
-            self.q_proj(x), self.k_proj(x), self.v_proj(x), cos, sin, cache, context_step, self.head_dim
+            self.q_proj(x), self.k_proj(x), self.v_proj(x), cos, sin, packed, context_step, self.head_dim
         )
         return self.o_proj(out)
 
@@ -217,10 +251,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, embeds: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, cache: DraftCache, context_step: bool
+        self, embeds: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, packed: PackedRows, context_step: bool
     ) -> Tensor:
         x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)
-        residual = self.self_attn(x, cos, sin, cache, context_step) + hidden
+        residual = self.self_attn(x, cos, sin, packed, context_step) + hidden
         return self.mlp(self.post_attention_layernorm(residual)) + residual
 
 
@@ -261,17 +295,30 @@ class Eagle3Drafter(nn.Module):
         `hidden` is the target's three aux states [B, R, 3H] on the first step (fused by `fc`; the rows
         extend the context) or the previous step's next_h [B, R, H] (the rows extend their chains).
         """
-        rows = input_ids.shape[1]
-        context_step = hidden.shape[-1] != self.config.hidden_size
+        return self.step_packed([input_ids], [hidden], [cache])[0]
+
+    def step_packed(
+        self, input_ids: list[Tensor], hidden: list[Tensor], caches: list[DraftCache]
+    ) -> list[Tensor]:
+        """`step` for independent sequences at once (all at a context step, or all at a chain step), each
+        with its own cache: the sequences share every weight read."""
+        sizes = [ids.shape[1] for ids in input_ids]
+        context_step = hidden[0].shape[-1] != self.config.hidden_size
+        device = input_ids[0].device
         if context_step:
-            hidden = self.fc(hidden.to(self.fc.weight.dtype))
-            positions = torch.arange(cache.length, cache.length + rows, device=input_ids.device)
+            starts = [c.length for c in caches]
         else:
-            depth = len(cache.chain_keys) + 1
-            positions = torch.arange(cache.length - rows, cache.length, device=input_ids.device) + depth
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, hidden.dtype)
-        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
-        return self.midlayer(embeds, hidden, cos, sin, cache, context_step)
+            starts = [c.length - n + len(c.chain_keys) + 1 for c, n in zip(caches, sizes, strict=True)]
+        positions = torch.cat(
+            [torch.arange(start, start + n, device=device) for start, n in zip(starts, sizes, strict=True)]
+        )
+        packed_hidden = torch.cat(hidden, dim=1)
+        if context_step:
+            packed_hidden = self.fc(packed_hidden.to(self.fc.weight.dtype))
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, packed_hidden.dtype)
+        embeds = self.embed_tokens(torch.cat(input_ids, dim=1)).to(packed_hidden.dtype)
+        next_h = self.midlayer(embeds, packed_hidden, cos, sin, PackedRows(caches, sizes), context_step)
+        return list(next_h.split(sizes, dim=1))
 
     def logits(self, next_h: Tensor) -> Tensor:
         """Over the draft vocabulary; `draft_to_target` maps an argmax back to a target id."""

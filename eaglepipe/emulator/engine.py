@@ -26,11 +26,13 @@ import torch
 
 from eaglepipe.emulator.backend import EngineError, GeneratedToken, GenerationRequest
 from eaglepipe.target.chat import stop_token_id
+from eaglepipe.target.kv_cache import as_growing
 
 log = logging.getLogger(__name__)
 
 
 _END = object()
+MAX_RESERVED_SLOTS = 1024
 
 
 @dataclass(eq=False)
@@ -145,7 +147,9 @@ class Engine:
             use_cache=True,
             logits_to_keep=1,
         )
-        cache, logits = out.cache, out.logits[:, -1, :]
+        # Room for the longest answer asked (up to a bound, past which it doubles): steps do not copy it.
+        room = min(max(job.request.max_tokens for job in jobs), MAX_RESERVED_SLOTS)
+        cache, logits = as_growing(out.cache, room), out.logits[:, -1, :]
         next_positions = positions[:, -1:] + 1
         produced = [0] * len(jobs)
         while True:
