@@ -10,6 +10,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,11 @@ def run_generation(
             f"{config['api']['model']!r}: refresh it with `snakemake --forcerun providers`"
         )
     self_hosted = bool(providers.get("self_hosted"))
-    with api_connection(config, emulator_log, threads) as (base_url, key):
+    target_dir = Path(config["target"]["path"]) if gen["probe_answers"] else None
+    with (
+        _probe_loading(target_dir) as probe_loading,
+        api_connection(config, emulator_log, threads) as (base_url, key),
+    ):
         settings = GenerationSettings(
             base_url=base_url,
             model=config["api"]["model"],
@@ -152,7 +157,7 @@ def run_generation(
             return_token_ids=gen["return_token_ids"],
             emulated=is_local_api(config),
         )
-        probe = usability_probe(Path(config["target"]["path"])) if gen["probe_answers"] else None
+        probe = probe_loading.result()
         summary = generate_responses(
             prompts_path, responses_path, summary_path, journal_dir, ledger_dir, dataset, settings, key, probe
         )
@@ -168,6 +173,14 @@ def run_generation(
         " (emulated: nothing bought)" if settings.emulated else "",
     )
     return summary
+
+
+@contextmanager
+def _probe_loading(target_dir: Path | None) -> Iterator[Future]:
+    """The usability probe, loading in a thread from the start of the block: its tokenizer takes seconds,
+    as does the emulator a local run starts meanwhile, and neither needs the other."""
+    with ThreadPoolExecutor(max_workers=1) as loader:
+        yield loader.submit(lambda: usability_probe(target_dir) if target_dir else None)
 
 
 def check_key_for_pending_sets(config: dict[str, Any], datasets: list[str], results: Path) -> None:
