@@ -16,7 +16,6 @@ import pytest
 from safetensors.torch import load_file
 
 from eaglepipe.emulator.kimi_synthetic import (
-    HIDDEN_BY_RENUMBER,
     HIDDEN_BY_STRIP,
     HIDDEN_BY_TRIM,
     NON_CANONICAL,
@@ -32,7 +31,8 @@ from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import build_tokens
 from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
 from eaglepipe.tokens.pieces import Edit, Piece
-from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, TokenSettings
+from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, TokenSettings, pad_signature
+from eaglepipe.tokens.reply import parse_reply
 from eaglepipe.tokens.target import Target
 from eaglepipe.tokens.validate import structure_problem
 
@@ -57,12 +57,12 @@ def corpus(kimi) -> list[TrueSample]:
 
 def hidden_by(switch: EngineSwitch, informed: bool) -> frozenset[str]:
     """Hazards a count-matched rebuild may have missed: non-canonical splits always (text cannot show them),
-    plus what the engine erased and a blind rebuild does not consider."""
+    plus what the engine erased and a blind rebuild does not consider. Never a renumbered tool-call id: a
+    blind rebuild keeps the other numberings as candidates, so the bill or the `tool_id` flag shows it."""
     hidden = set(NON_CANONICAL)
     if not informed:
         hidden |= HIDDEN_BY_STRIP if switch.whitespace == "strip" else set()
         hidden |= HIDDEN_BY_TRIM if switch.trim_arguments else set()
-        hidden |= HIDDEN_BY_RENUMBER if switch.renumber_tool_ids else set()
     return frozenset(hidden)
 
 
@@ -268,7 +268,8 @@ def test_every_feature_renders_and_rebuilds(kimi):
         sample = Rebuilder(target).rebuild({"features": prompt}, [record], name).samples[0]
         assert sample.completion_ids == truth, name
         assert sample.prompt_ids == prompt_ids and sample.problem is None
-        assert sample.method is Method.REBUILT_COUNT_MATCHED, (name, sample.flags)
+        # Blind, ids numbered from 2 could as well have been renumbered from 0 at the same length.
+        assert sample.method is Method.REBUILT_AMBIGUOUS and sample.flags == Flag.TOOL_ID, name
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -352,3 +353,35 @@ def test_the_stage_writes_methods_flags_and_statistics(tmp_path, kimi, kimi_dir,
     ) == pytest.approx(1)
     assert stats["providers"]["vllm"]["whitespace"] == ["pad"]
     assert stats["billed"]["as_returned_relative_difference"] > stats["billed"]["relative_difference"]
+
+
+@pytest.mark.parametrize("majority", ["pad", "keep"])
+def test_a_provider_is_read_by_most_of_its_replies_and_the_others_by_the_reading_that_fits(
+    kimi, corpus, majority
+):
+    """One provider name, two habits: ten replies padded by vLLM and one not (or the reverse). The profile
+    follows the ten; the odd reply is read the way its own text and bill allow, flagged, with its true ids."""
+    padding = SWITCHES["vllm"]
+    plain = replace(padding, name="vllm_unpadded", whitespace="keep")
+
+    def as_provider(sample, switch):
+        return {**reply_record(kimi, sample, switch), "provider": "mixed"}
+
+    def shows_padding(sample):
+        padded = pad_signature(parse_reply(as_provider(sample, padding), "t"))
+        unpadded = pad_signature(parse_reply(as_provider(sample, plain), "t"))
+        return padded == (1, 0) and unpadded == (1, 1)
+
+    clean = [s for s in corpus if not s.hazards and shows_padding(s)][:11]
+    assert len(clean) == 11
+    usual, odd = (padding, plain) if majority == "pad" else (plain, padding)
+    records = [as_provider(s, usual) for s in clean[:10]] + [as_provider(clean[10], odd)]
+    rebuilt = Rebuilder(Target(kimi)).rebuild({s.prompt["id"]: s.prompt for s in clean}, records, "mixed")
+    profile = rebuilt.profiles["mixed"]
+    assert profile.whitespace == (majority,)
+    assert profile.fallback == (odd.whitespace,)
+    for sample, truth in zip(rebuilt.samples, clean, strict=True):
+        assert sample.completion_ids == truth.ids, sample.prompt_id
+    assert not any(s.flags & Flag.WHITESPACE for s in rebuilt.samples[:10])  # their reading is not in doubt
+    assert rebuilt.samples[10].method is Method.REBUILT_AMBIGUOUS
+    assert rebuilt.samples[10].flags & Flag.WHITESPACE

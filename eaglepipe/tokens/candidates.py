@@ -31,6 +31,7 @@ from eaglepipe.tokens.reply import Reply, ToolCall
 from eaglepipe.tokens.target import Layout, Target
 
 KIMI_TOOL_ID = re.compile(r"functions\.[^:]+:\d+")
+KNOWN_SOURCES = ("config", "exact_ids")  # a profile field decided by these is known, not a default
 # Costs: a whitespace reading outranks a structure, which outranks the options inside slots.
 READING_COST = 1000
 STRUCTURE_COST = 100
@@ -120,16 +121,21 @@ def argument_slot(piece: Piece, profile: EngineProfile) -> Slot:
 def id_slot(
     call: ToolCall, index: int, history: int, profile: EngineProfile, pieces: PieceCache
 ) -> tuple[Slot, Flag]:
-    """The model's own id: as returned, unless the engine renumbers (then the numbering may have started at
-    0 in this turn) or rewrote it into another form (then it is Kimi's convention, a guess)."""
+    """The model's own id. As returned when the engine is known to keep ids (config or exact ids); for an
+    engine that renumbers, Kimi's convention (counting the conversation's earlier calls) or a numbering
+    restarted at this reply; for an engine not known either way, as returned first, with those two
+    numberings standing beside it. The bill decides where their lengths differ; where they do not, the id
+    is flagged (`tool_id`), since another numbering explains the reply as well."""
     conventional = f"functions.{call.name}:{history + index}"
     restarted = f"functions.{call.name}:{index}"
-    if KIMI_TOOL_ID.fullmatch(call.id) and not (profile.tool_ids == "renumber" and call.id == conventional):
+    kimi_form = KIMI_TOOL_ID.fullmatch(call.id) is not None
+    kept = profile.tool_ids == "keep" and profile.sources.get("tool_ids") in KNOWN_SOURCES
+    if kimi_form and (kept or (profile.tool_ids == "renumber" and call.id != conventional)):
         return Slot(Flag.TOOL_ID, (Option(pieces(call.id), NO_EDIT, 0),)), Flag(0)
-    ids = dict.fromkeys([conventional, restarted])
+    returned = [call.id] if kimi_form and profile.tool_ids == "keep" else []
+    ids = dict.fromkeys([*returned, conventional, restarted])
     options = tuple(Option(pieces(text), NO_EDIT, cost) for cost, text in enumerate(ids))
-    forced = Flag(0) if KIMI_TOOL_ID.fullmatch(call.id) else Flag.TOOL_ID
-    return Slot(Flag.TOOL_ID, options), forced
+    return Slot(Flag.TOOL_ID, options), Flag(0) if kimi_form else Flag.TOOL_ID
 
 
 def kimi_structures(reply: Reply, reading: str) -> list[tuple[str, bool, bool, int]]:

@@ -2,9 +2,14 @@
 
 Each field comes from the first source that knows it: the config (`tokens.providers.NAME`), the provider's
 own samples that carry exact ids (server ids or logprob bytes show exactly what was changed), the text of
-all its samples (padding leaves a space at every marker, in every sample), else the default: the engine
-returns the text as generated and bills the stop token (vLLM does). Stripping cannot be seen in text (it
-leaves nothing), so it is known only from the config or from exact ids.
+its samples (padding leaves a space at every marker of a reply), else the default: the engine returns the
+text as generated and bills the stop token (vLLM does). Stripping cannot be seen in text (it leaves
+nothing), so it is known only from the config or from exact ids.
+
+Text is weighed, not vetoed: the provider pads when most of its replies with a marker next to text show the
+padding space. A provider behind one name may run more than one engine, or answer some requests another
+way, so the replies that refute the majority keep the other reading as a fallback (`fallback`), taken for
+a reply only when the profile's readings miss its bill and the fallback fits it, and then flagged.
 """
 
 from __future__ import annotations
@@ -38,9 +43,11 @@ class ProviderPin:
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """`whitespace`: the readings to try, preferred first; `sources`: where each field was decided."""
+    """`whitespace`: the readings to try, preferred first; `fallback`: readings some of the provider's
+    replies support against the majority; `sources`: where each field was decided."""
 
     whitespace: tuple[str, ...] = ("keep",)
+    fallback: tuple[str, ...] = ()
     tool_ids: str = "keep"
     arguments: str = "keep"
     stop_billed: bool = True
@@ -49,6 +56,7 @@ class EngineProfile:
     def summary(self) -> dict[str, Any]:
         return {
             "whitespace": list(self.whitespace),
+            "whitespace_fallback": list(self.fallback),
             "tool_ids": self.tool_ids,
             "arguments": self.arguments,
             "stop_billed": self.stop_billed,
@@ -62,7 +70,7 @@ class Evidence:
 
     samples: int = 0
     pad_sites: int = 0  # samples with a marker next to text, where padding leaves a space
-    pad_refuted: int = 0  # samples whose text lacks such a space
+    pad_refuted: int = 0  # of those, samples whose text lacks such a space
     exact_whitespace: Counter[str] = field(default_factory=Counter)  # modes consistent with exact-id samples
     exact_samples: int = 0
     stop_billed: Counter[bool] = field(default_factory=Counter)
@@ -80,12 +88,17 @@ class Evidence:
 
 def decide_profile(evidence: Evidence, pin: ProviderPin) -> EngineProfile:
     sources: dict[str, str] = {}
-    whitespace = _whitespace(evidence, pin, sources)
+    whitespace, fallback = _whitespace(evidence, pin, sources)
     stop_billed = _choice(pin.stop_billed, evidence.stop_billed, True, "stop_billed", sources)
     renumber = _choice(_is(pin.tool_ids, "renumber"), evidence.renumbered, False, "tool_ids", sources)
     trim = _choice(_is(pin.arguments, "trim"), evidence.trimmed, False, "arguments", sources)
     return EngineProfile(
-        whitespace, "renumber" if renumber else "keep", "trim" if trim else "keep", stop_billed, sources
+        whitespace,
+        fallback,
+        "renumber" if renumber else "keep",
+        "trim" if trim else "keep",
+        stop_billed,
+        sources,
     )
 
 
@@ -107,20 +120,21 @@ def _choice(
     return default
 
 
-def _whitespace(evidence: Evidence, pin: ProviderPin, sources: dict[str, str]) -> tuple[str, ...]:
+def _whitespace(
+    evidence: Evidence, pin: ProviderPin, sources: dict[str, str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(readings, fallback readings) for the provider's whitespace."""
     if pin.whitespace is not None:
         sources["whitespace"] = "config"
-        return (pin.whitespace,)
+        return (pin.whitespace,), ()
     consistent = [m for m in WHITESPACE_MODES if evidence.exact_whitespace[m] == evidence.exact_samples]
     if evidence.exact_samples and len(consistent) == 1:
         sources["whitespace"] = "exact_ids"
-        return (consistent[0],)
-    if (
-        evidence.pad_sites
-        and not evidence.pad_refuted
-        and (not evidence.exact_samples or "pad" in consistent)
-    ):
+        return (consistent[0],), ()
+    padded = evidence.pad_sites - evidence.pad_refuted
+    if padded > evidence.pad_refuted and (not evidence.exact_samples or "pad" in consistent):
         sources["whitespace"] = "text"
-        return ("pad",) if evidence.pad_sites >= PAD_EVIDENCE else ("pad", "keep")
+        readings = ("pad",) if padded >= PAD_EVIDENCE else ("pad", "keep")
+        return readings, ("keep",) if evidence.pad_refuted and "keep" not in readings else ()
     sources["whitespace"] = "default"
-    return ("keep",)
+    return ("keep",), ("pad",) if padded and (not evidence.exact_samples or "pad" in consistent) else ()

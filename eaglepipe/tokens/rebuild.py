@@ -14,7 +14,7 @@ from typing import Any
 from eaglepipe.target.kimi_chat import KimiChatError, completion_segments
 from eaglepipe.target.kimi_tools import ToolDeclarationError, ToolFormat
 from eaglepipe.target.segments import Special
-from eaglepipe.tokens.candidates import PieceCache, Variant, chatml_variants, kimi_variants, select
+from eaglepipe.tokens.candidates import PieceCache, Selection, Variant, chatml_variants, kimi_variants, select
 from eaglepipe.tokens.exact import ExactIds, exact_completion, ids_from_bytes
 from eaglepipe.tokens.methods import Flag, Method
 from eaglepipe.tokens.normalize import unpad_edit
@@ -136,6 +136,25 @@ class Rebuilder:
             return kimi_variants(item.reply, self.target, profile, item.history, pieces)
         return chatml_variants(item.reply.content, item.reply.truncated, self.target, profile, pieces)
 
+    def _select(
+        self, item: _Pending, profile: EngineProfile, pieces: PieceCache, billed: int | None
+    ) -> Selection:
+        """The profile's reading, unless a fallback reading (one a minority of the provider's replies
+        support) is in play: first when this reply's own text shows it, last when the profile's readings
+        miss the bill. Then the reading the bill supports, flagged `whitespace`."""
+        chosen = select(self._variants(item, profile, pieces), billed, profile.stop_billed)
+        shown = tuple(r for r in profile.fallback if r == "pad" and pad_signature(item.reply) == (1, 0))
+        missed = chosen.method is Method.REBUILT_OFF_BY_K
+        if not shown and not (missed and profile.fallback):
+            return chosen
+        readings = (*shown, *profile.whitespace) if shown else (*profile.whitespace, *profile.fallback)
+        widened = replace(profile, whitespace=readings, fallback=())
+        fitting = select(self._variants(item, widened, pieces), billed, profile.stop_billed)
+        if fitting.method is Method.REBUILT_OFF_BY_K:
+            return chosen
+        flags = fitting.flags | Flag.WHITESPACE
+        return replace(fitting, method=Method.REBUILT_AMBIGUOUS, flags=flags)
+
     def _first_pass(self, prompts: dict[str, dict[str, Any]], record: dict[str, Any], where: str) -> _Pending:
         reply = parse_reply(record, where)
         prompt = prompts.get(reply.prompt_id)
@@ -204,7 +223,7 @@ class Rebuilder:
             ids, method = item.exact.ids, item.exact_method
             diff = len(ids) - stop_unbilled - billed if billed is not None else 0
         else:
-            chosen = select(self._variants(item, profile, pieces), billed, profile.stop_billed)
+            chosen = self._select(item, profile, pieces, billed)
             ids, method, diff = chosen.ids, chosen.method, chosen.billed_diff
             flags |= chosen.flags
         as_returned = self._as_returned_length(reply, pieces) - stop_unbilled
