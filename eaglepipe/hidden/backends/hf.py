@@ -32,19 +32,20 @@ class HFBackend:
         return self._decoder
 
     def states(self, samples: list[Tensor]) -> list[CapturedStates]:
-        """Whole samples, batched by padded token count (`batch_tokens`)."""
-        captured: list[CapturedStates] = []
-        batch: list[Tensor] = []
-        longest = 0  # of the batch being filled: its padded width
-        for ids in samples:
-            if batch and max(longest, len(ids)) * (len(batch) + 1) > self.settings.batch_tokens:
-                captured += self._forward(batch)
-                batch, longest = [], 0
-            batch.append(ids)
-            longest = max(longest, len(ids))
+        """Whole samples, batched by padded token count (`batch_tokens`), shortest first so that a batch
+        pads its samples to lengths close to their own; returned in the order given."""
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i]))
+        captured: dict[int, CapturedStates] = {}
+        batch: list[int] = []
+        for index in order:
+            width = len(samples[index])  # the longest yet: the batch's padded width
+            if batch and width * (len(batch) + 1) > self.settings.batch_tokens:
+                captured.update(zip(batch, self._forward([samples[i] for i in batch]), strict=True))
+                batch = []
+            batch.append(index)
         if batch:
-            captured += self._forward(batch)
-        return captured
+            captured.update(zip(batch, self._forward([samples[i] for i in batch]), strict=True))
+        return [captured[i] for i in range(len(samples))]
 
     @torch.no_grad()
     def _forward(self, batch: list[Tensor]) -> list[CapturedStates]:
