@@ -25,7 +25,7 @@ from eaglepipe.drafter.export import load_exported
 from eaglepipe.drafter.model import DraftCache, Eagle3Drafter
 from eaglepipe.target.attention import use_grouped_sdpa
 from eaglepipe.target.chat import stop_token_id
-from eaglepipe.target.kv_cache import growing_cache, right_padded
+from eaglepipe.target.kv_cache import growing_cache
 from eaglepipe.target.load import load_target
 
 PROMPT_LOOKUP_MAX_NGRAM = 3
@@ -161,14 +161,13 @@ class SharedTargetCache:
         self.target = target
         self.aux_layer_ids = aux_layer_ids
         lengths = [p.keys[0].shape[2] for p in prefills]
-        width = max(lengths)
         layers = range(len(prefills[0].keys))
         self.cache = growing_cache(
-            [right_padded([p.keys[layer] for p in prefills], width) for layer in layers],
-            [right_padded([p.values[layer] for p in prefills], width) for layer in layers],
+            [[p.keys[layer] for p in prefills] for layer in layers],
+            [[p.values[layer] for p in prefills] for layer in layers],
             room,
         )
-        slots = torch.arange(width, device=target.device)
+        slots = torch.arange(max(lengths), device=target.device)
         self.kept = slots[None, :] < torch.tensor(lengths, device=target.device)[:, None]  # [rows, slots]
 
     def forward(self, rows: list[list[int]], positions: list[int]) -> tuple[Tensor, Tensor | None]:

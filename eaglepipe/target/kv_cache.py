@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -18,20 +17,18 @@ MIN_ROOM = 64  # slots reserved beyond the current length when a buffer is (re)a
 
 
 class GrowingLayer(DynamicLayer):
-    """A DynamicLayer whose keys and values are views of larger buffers ([rows, heads, slots, dim])."""
+    """A DynamicLayer whose keys and values are views of larger buffers ([rows, heads, slots, dim]).
 
-    def __init__(self, keys: Tensor, values: Tensor, room: int = MIN_ROOM) -> None:
+    It starts from blocks of rows ([rows, heads, len, dim] each, stacked in order), copied once into its
+    buffers; a block shorter than the longest is zero after its length, which its caller masks out.
+    """
+
+    def __init__(self, keys: list[Tensor], values: list[Tensor], room: int = MIN_ROOM) -> None:
         super().__init__()
-        self.device = keys.device
+        self.device = keys[0].device
         self.is_initialized = True
-        self._reserve(keys, values, keys.shape[2] + room)
-
-    def _reserve(self, keys: Tensor, values: Tensor, slots: int) -> None:
-        length = keys.shape[2]
-        self._keys = keys.new_empty((*keys.shape[:2], slots, keys.shape[3]))
-        self._values = values.new_empty((*values.shape[:2], slots, values.shape[3]))
-        self._keys[:, :, :length] = keys
-        self._values[:, :, :length] = values
+        length = max(block.shape[2] for block in keys)
+        self._keys, self._values = _stacked(keys, length + room), _stacked(values, length + room)
         self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
 
     def update(
@@ -40,7 +37,8 @@ class GrowingLayer(DynamicLayer):
         start = self.keys.shape[2]
         end = start + key_states.shape[2]
         if end > self._keys.shape[2]:
-            self._reserve(self.keys, self.values, max(2 * self._keys.shape[2], end + MIN_ROOM))
+            slots = max(2 * self._keys.shape[2], end + MIN_ROOM)
+            self._keys, self._values = _stacked([self.keys], slots), _stacked([self.values], slots)
         self._keys[:, :, start:end] = key_states
         self._values[:, :, start:end] = value_states
         self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
@@ -52,18 +50,24 @@ class GrowingLayer(DynamicLayer):
         self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
 
 
-def growing_cache(keys: list[Tensor], values: list[Tensor], room: int = MIN_ROOM) -> Cache:
-    """A cache holding `keys[i]`/`values[i]` for layer i, with `room` free slots reserved per layer."""
+def _stacked(blocks: list[Tensor], slots: int) -> Tensor:
+    """The blocks stacked along rows in a new [rows, heads, slots, dim] buffer, zero after each block."""
+    first = blocks[0]
+    rows = sum(block.shape[0] for block in blocks)
+    buffer = first.new_zeros((rows, first.shape[1], slots, first.shape[3]))
+    row = 0
+    for block in blocks:
+        buffer[row : row + block.shape[0], :, : block.shape[2]] = block
+        row += block.shape[0]
+    return buffer
+
+
+def growing_cache(keys: list[list[Tensor]], values: list[list[Tensor]], room: int = MIN_ROOM) -> Cache:
+    """A cache whose layer i holds the row blocks `keys[i]`/`values[i]`, with `room` free slots reserved."""
     return Cache(layers=[GrowingLayer(k, v, room) for k, v in zip(keys, values, strict=True)])
 
 
 def as_growing(cache: Cache, room: int = MIN_ROOM) -> Cache:
     """The same keys and values as `cache` (e.g. one a prefill filled), in a cache that grows in place."""
     layers = cache.layers
-    return growing_cache([layer.keys for layer in layers], [layer.values for layer in layers], room)
-
-
-@torch.no_grad()
-def right_padded(tensors: list[Tensor], width: int) -> Tensor:
-    """[rows, heads, width, dim] from per-row [1, heads, len, dim], zeros after each row's length."""
-    return torch.cat([torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2])) for t in tensors])
+    return growing_cache([[layer.keys] for layer in layers], [[layer.values] for layer in layers], room)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from eaglepipe.target.kimi_chat import KimiChatError, completion_segments
@@ -86,6 +87,11 @@ class _Pending:
     rejected: bool
     pieces: PieceCache | None = None  # encodings made by the stop-billing probe, reused once
 
+    @cached_property
+    def padding(self) -> tuple[int, int]:
+        """`pad_signature` of the reply: read by the provider's evidence and again by its own reading."""
+        return pad_signature(self.reply)
+
 
 class Rebuilder:
     def __init__(self, target: Target, settings: TokenSettings | None = None) -> None:
@@ -143,7 +149,7 @@ class Rebuilder:
         support) is in play: first when this reply's own text shows it, last when the profile's readings
         miss the bill. Then the reading the bill supports, flagged `whitespace`."""
         chosen = select(self._variants(item, profile, pieces), billed, profile.stop_billed)
-        shown = tuple(r for r in profile.fallback if r == "pad" and pad_signature(item.reply) == (1, 0))
+        shown = tuple(r for r in profile.fallback if r == "pad" and item.padding == (1, 0))
         missed = chosen.method is Method.REBUILT_OFF_BY_K
         if not shown and not (missed and profile.fallback):
             return chosen
@@ -195,7 +201,7 @@ class Rebuilder:
     def _gather(self, evidence: Evidence, item: _Pending) -> None:
         evidence.samples += 1
         if self.target.kimi:
-            sites, refuted = pad_signature(item.reply)
+            sites, refuted = item.padding
             evidence.pad_sites += sites
             evidence.pad_refuted += refuted
         if item.exact is None:
