@@ -201,6 +201,12 @@ class SharedTargetCache:
         """Row `row` keeps the first `kept` of the `width` slots the last forward appended."""
         self.kept[row, self.kept.shape[1] - width + kept :] = False
 
+    def select(self, rows: list[int]) -> None:
+        """Only `rows` (in that order) go on: the others have finished and leave every later forward."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.kept.device)
+        self.cache.batch_select_indices(index)
+        self.kept = self.kept[index]
+
 
 @torch.no_grad()
 def speculative_generate(
@@ -230,8 +236,8 @@ def speculative_generate_batch(
 ) -> list[Generation]:
     """`speculative_generate` for many rows at once: one target forward per round verifies every row.
 
-    Each row accepts its own drafts; a row that has finished rides along without being kept. Rows with
-    the same prompt (one per method) share its prefill, which runs unpadded, one prompt at a time.
+    Each row accepts its own drafts; a row that has finished leaves the batch. Rows with the same prompt
+    (one per method) share its prefill, which runs unpadded, one prompt at a time.
     """
     aux_layer_ids = next((p.aux_layer_ids for p in proposers if p.aux_layer_ids is not None), None)
     prefills: dict[tuple[int, ...], Prefill] = {}
@@ -249,37 +255,41 @@ def speculative_generate_batch(
     def unfinished(row: int) -> bool:
         return len(tokens[row]) - len(prompts[row]) < max_new_tokens and tokens[row][-1] != stop_id
 
-    while any(unfinished(row) for row in range(len(prompts))):
-        active = [unfinished(row) for row in range(len(prompts))]
-        drafts: list[list[int]] = [[] for _ in prompts]
+    def drop_finished(live: list[int]) -> list[int]:
+        going_on = [slot for slot, row in enumerate(live) if unfinished(row)]
+        if going_on and len(going_on) < len(live):
+            shared.select(going_on)
+        return [live[slot] for slot in going_on]
+
+    live = drop_finished(list(range(len(prompts))))  # the rows in the shared cache, in its order
+    while live:
+        drafts: dict[int, list[int]] = {}
         by_proposer: dict[int, list[int]] = {}
-        for row in range(len(prompts)):
-            if active[row]:
-                by_proposer.setdefault(id(proposers[row]), []).append(row)
+        for row in live:
+            by_proposer.setdefault(id(proposers[row]), []).append(row)
         for rows in by_proposer.values():
             proposed = proposers[rows[0]].propose(
                 rows, [tokens[row] for row in rows], [new_aux[row] for row in rows], num_steps
             )
             for row, row_drafts in zip(rows, proposed, strict=True):
                 drafts[row] = row_drafts[:num_steps]
-        inputs = [[tokens[row][-1], *drafts[row]] for row in range(len(prompts))]
-        logits, aux = shared.forward(inputs, [len(t) - 1 for t in tokens])
-        for row, row_drafts in enumerate(drafts):
-            if not active[row]:
-                shared.keep(row, logits.shape[1], 0)
-                continue
-            greedy = logits[row, : len(inputs[row])].argmax(-1).tolist()
+        inputs = [[tokens[row][-1], *drafts[row]] for row in live]
+        logits, aux = shared.forward(inputs, [len(tokens[row]) - 1 for row in live])
+        for slot, row in enumerate(live):
+            row_drafts = drafts[row]
+            greedy = logits[slot, : len(inputs[slot])].argmax(-1).tolist()
             accepted = 0
             while accepted < len(row_drafts) and row_drafts[accepted] == greedy[accepted]:
                 accepted_per_position[row][accepted] += 1
                 accepted += 1
             forwards[row] += 1
-            shared.keep(row, logits.shape[1], accepted + 1)
-            new_aux[row] = None if aux is None else aux[row, : accepted + 1]
+            shared.keep(slot, logits.shape[1], accepted + 1)
+            new_aux[row] = None if aux is None else aux[slot, : accepted + 1]
             for token in [*row_drafts[:accepted], greedy[accepted]]:
                 tokens[row].append(token)
                 if token == stop_id or len(tokens[row]) - len(prompts[row]) == max_new_tokens:
                     break
+        live = drop_finished(live)
     return [
         Generation(row_tokens[len(prompt) :], row_forwards, row_accepted)
         for row_tokens, prompt, row_forwards, row_accepted in zip(

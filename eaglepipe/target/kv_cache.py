@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -45,9 +46,19 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def batch_select_indices(self, indices: Tensor) -> None:
+        """Keep only the rows `indices`: their filled slots are copied, the room is reserved, not copied."""
         length = self.keys.shape[2]
-        self._keys, self._values = self._keys[indices], self._values[indices]
+        self._keys, self._values = (
+            _selected(self._keys, indices, length),
+            _selected(self._values, indices, length),
+        )
         self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+
+
+def _selected(buffer: Tensor, rows: Tensor, length: int) -> Tensor:
+    selected = buffer.new_empty((len(rows), *buffer.shape[1:]))
+    torch.index_select(buffer[:, :, :length], 0, rows, out=selected[:, :, :length])
+    return selected
 
 
 def _stacked(blocks: list[Tensor], slots: int) -> Tensor:
