@@ -52,11 +52,12 @@ rule generate:
         emulator=logs("generate/{ds}.emulator.log"),
     localrule: True
     # Jobs running at once split generation.concurrency and share budget.usd through the ledger;
-    # the local profile limits api=1 because each local job runs its own emulator on the CPU.
+    # the local profile limits api to the jobs its cores can run, each with its own emulator.
     resources:
         api=1,
-    # The client needs little CPU; the threads are for the local emulator's model when base_url is local.
-    threads: 2 if LOCAL_API else 1
+    # The client needs little CPU, and a local emulator's model runs on one thread: two sets at once, one
+    # thread each, decode 35% more tokens per second than one set on two threads (docs/generation.md).
+    threads: 1
     conda:
         "../envs/pipeline.yaml"
     script:
