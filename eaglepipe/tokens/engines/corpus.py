@@ -1,0 +1,176 @@
+"""Ground truth from the engines: the synthetic Kimi corpus's true ids, and what vLLM and SGLang return.
+
+`engine_corpus` writes each sample's prompt and completion ids, runs every engine's side script in that
+engine's own interpreter, and gathers one line per sample, engine and mode (`whole`: a non-streamed
+reply; `stream`: the deltas as a client merges them). `engine_record` turns a line into the
+responses.jsonl record a provider running that engine would leave, billed as engines bill (every
+generated id, the stop token included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eaglepipe.emulator.kimi_synthetic import TrueSample
+from eaglepipe.target import kimi_chat
+from eaglepipe.target.tokenizer import TargetTokenizer
+
+REPO = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+MODES = ("whole", "stream")
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    python: Path  # the interpreter of the engine's own environment
+    side: Path  # the script run by it
+    path: tuple[Path, ...]  # PYTHONPATH entries before the repository (import-only stand-ins)
+    make_target: str
+
+
+ENGINES = {
+    "vllm": Engine("vllm", REPO / ".venv-vllm/bin/python", HERE / "vllm_side.py", (), "vllm-env"),
+    "sglang": Engine(
+        "sglang",
+        REPO / ".venv-sglang/bin/python",
+        HERE / "sglang_side.py",
+        (REPO / "tests/sglang_cpu",),
+        "sglang-env",
+    ),
+}
+
+
+class EngineMissing(RuntimeError):
+    pass
+
+
+def engine_model_dir(tokenizer_dir: Path, directory: Path) -> Path:
+    """A copy of a Kimi-layout tokenizer directory that engines load with `trust_remote_code`: Moonshot's
+    `auto_map`, and a `tokenization_kimi.py` that imports `eaglepipe.tokens.engines.hf_tokenizer`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tokenizer_dir / "tiktoken.model", directory / "tiktoken.model")
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    (directory / "tokenization_kimi.py").write_text(
+        '"""Kimi-K2.5\'s tokenizer for engines: eaglepipe/tokens/engines/hf_tokenizer.py."""\n\n'
+        "from eaglepipe.tokens.engines.hf_tokenizer import TikTokenTokenizer\n\n"
+        '__all__ = ["TikTokenTokenizer"]\n'
+    )
+    return directory
+
+
+def engine_input(tokenizer: TargetTokenizer, sample: TrueSample) -> dict[str, Any]:
+    """What an engine needs to replay the sample: the request, the prompt's ids and the generated ids."""
+    prompt = sample.prompt
+    return {
+        "key": prompt["id"],
+        "messages": prompt["messages"],
+        "tools": prompt.get("tools"),
+        "thinking": sample.thinking,
+        "stopped": sample.stopped,
+        "prompt_ids": kimi_chat.prompt_ids(
+            tokenizer,
+            prompt["messages"],
+            prompt.get("tools"),
+            thinking=sample.thinking,
+            tool_format="typescript",
+        ),
+        "completion_ids": sample.ids,
+    }
+
+
+def run_engine(engine: Engine, model_dir: Path, inputs: Path, out: Path) -> list[dict[str, Any]]:
+    if not engine.python.exists():
+        raise EngineMissing(f"{engine.python} is missing: run `make {engine.make_target}`")
+    path = [str(p) for p in (*engine.path, REPO)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(path),
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(out.parent / f"hf_modules_{engine.name}"),
+        "VLLM_LOGGING_LEVEL": "ERROR",
+    }
+    result = subprocess.run(
+        [str(engine.python), str(engine.side), str(model_dir), str(inputs), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{engine.name} side failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def engine_corpus(
+    tokenizer: TargetTokenizer, tokenizer_dir: Path, samples: list[TrueSample], work: Path, engines: list[str]
+) -> list[dict[str, Any]]:
+    """Every engine's replies (both modes) to every sample, in sample order."""
+    model_dir = engine_model_dir(tokenizer_dir, work / "model")
+    inputs = work / "inputs.jsonl"
+    inputs.write_text("".join(json.dumps(engine_input(tokenizer, s)) + "\n" for s in samples))
+    return [
+        line
+        for name in engines
+        for line in run_engine(ENGINES[name], model_dir, inputs, work / f"{name}.jsonl")
+    ]
+
+
+def engine_record(sample: TrueSample, reply: dict[str, Any], *, with_ids: bool = False) -> dict[str, Any]:
+    """The responses.jsonl record of a provider running `reply`'s engine in its mode (`with_ids`: the
+    engine also returned the generated ids, as vLLM's `return_token_ids` does)."""
+    response: dict[str, Any] = {
+        "content": reply["content"] or "",
+        "reasoning": reply["reasoning"],
+        "tool_calls": [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in reply["tool_calls"]
+        ],
+        "finish_reason": "stop" if sample.stopped else "length",
+    }
+    if with_ids:
+        response["token_ids"] = sample.answer_ids
+    request: dict[str, Any] = {"model": "moonshotai/kimi-k2.5"}
+    if not sample.thinking:
+        request["reasoning"] = {"enabled": False}
+    return {
+        "prompt_id": sample.prompt["id"],
+        "request": request,
+        "response": response,
+        "provider": f"{reply['engine']}-{reply['mode']}" + ("-ids" if with_ids else ""),
+        "usage": {
+            "prompt_tokens": sample.prompt_lengths["typescript"],
+            "completion_tokens": len(sample.ids),
+            "reasoning_tokens": 0,
+            "cost": 0.0,
+        },
+    }
+
+
+def main() -> None:
+    """`python -m eaglepipe.tokens.engines.corpus OUT_DIR [COUNT]`: the corpus, for a look by hand."""
+    from eaglepipe.emulator.kimi_synthetic import kimi_corpus
+    from eaglepipe.target.kimi_layout import ensure_kimi_layout
+    from eaglepipe.target.tokenizer import load_target_tokenizer
+
+    out = Path(sys.argv[1])
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    layout = ensure_kimi_layout(out / "tokenizer").directory
+    tokenizer = load_target_tokenizer(layout)
+    samples = kimi_corpus(tokenizer, count)
+    lines = engine_corpus(tokenizer, layout, samples, out, list(ENGINES))
+    (out / "corpus.jsonl").write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    print(f"{out / 'corpus.jsonl'}: {len(lines)} replies to {count} samples")
+
+
+if __name__ == "__main__":
+    main()

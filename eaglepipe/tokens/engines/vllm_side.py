@@ -1,0 +1,169 @@
+"""Run inside vLLM's environment (`make vllm-env`): known completion ids through vLLM's own serving path.
+
+For each sample of the input JSONL it does what vLLM 0.32's OpenAI server does with a chat request
+started with `--reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --enable-auto-tool-choice`: the
+parser adjusts the request (it turns `skip_special_tokens` off), the request becomes SamplingParams, the
+output processor detokenizes one generated id per engine step (the stop token ends the request and is
+not detokenized), and the Kimi parser splits the text into reasoning, content and tool calls, once on
+the final text (non-streamed) and delta by delta as the server streams it. Written as one JSON line per
+sample and mode. The tokenizer is the target directory's, loaded as vLLM loads it (`trust_remote_code`).
+
+    .venv-vllm/bin/python eaglepipe/tokens/engines/vllm_side.py MODEL_DIR IN.jsonl OUT.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.parser import ParserManager
+from vllm.tokenizers import get_tokenizer
+from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+from vllm.v1.engine.output_processor import OutputProcessor
+
+# The model type selects the `functions.NAME:N` id convention in vLLM's Kimi parser.
+MODEL_CONFIG = SimpleNamespace(
+    hf_config=SimpleNamespace(model_type="kimi_k25"),
+    hf_text_config=SimpleNamespace(model_type="deepseek_v3"),
+    hf_overrides={},
+)
+
+
+class Server:
+    def __init__(self, model_dir: str) -> None:
+        self.tokenizer = get_tokenizer(model_dir, trust_remote_code=True)
+        self.stop_id = self.tokenizer.get_vocab()["<|im_end|>"]  # Kimi's generation config: eos_token_id
+        self.parser_class = ParserManager.get_parser(
+            tool_parser_name="kimi_k2",
+            reasoning_parser_name="kimi_k2",
+            enable_auto_tools=True,
+            model_name=model_dir,
+            tokenizer=self.tokenizer,
+        )
+
+    def replies(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        return [self._whole(sample), self._streamed(sample)]
+
+    def _request(self, sample: dict[str, Any], stream: bool) -> tuple[Any, Any, EngineCoreRequest]:
+        ids = sample["completion_ids"]
+        request = ChatCompletionRequest(
+            model="moonshotai/kimi-k2.5",
+            messages=[{"role": "user", "content": "-"}],
+            tools=sample["tools"] or None,
+            stream=stream,
+            max_completion_tokens=len(ids) if not sample["stopped"] else len(ids) + 16,
+            **({} if sample["thinking"] else {"chat_template_kwargs": {"thinking": False}}),
+        )
+        kwargs = request.build_chat_params(None, "auto").with_defaults({}).chat_template_kwargs
+        request = self._parser(request, kwargs).adjust_request(request=request)
+        params = request.to_sampling_params(request.max_completion_tokens, {})
+        params.update_from_generation_config({"eos_token_id": self.stop_id}, self.tokenizer.eos_token_id)
+        core = EngineCoreRequest(
+            request_id=sample["key"],
+            prompt_token_ids=sample["prompt_ids"],
+            mm_features=None,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=time.time(),
+            lora_request=None,
+            cache_salt=None,
+            data_parallel_rank=None,
+            external_req_id=sample["key"],
+        )
+        return request, kwargs, core
+
+    def _parser(self, request: Any, kwargs: Any) -> Any:
+        return self.parser_class(
+            self.tokenizer, request.tools, model_config=MODEL_CONFIG, chat_template_kwargs=kwargs
+        )
+
+    def _steps(self, sample: dict[str, Any]) -> list[EngineCoreOutput]:
+        """One engine step per id; the last finishes the request (the stop id, or the length limit)."""
+        ids = sample["completion_ids"]
+        finish = FinishReason.STOP if sample["stopped"] else FinishReason.LENGTH
+        return [
+            EngineCoreOutput(
+                request_id=sample["key"],
+                new_token_ids=[token],
+                finish_reason=finish if last else None,
+                stop_reason=self.stop_id if last and sample["stopped"] else None,
+            )
+            for last, token in ((i == len(ids) - 1, t) for i, t in enumerate(ids))
+        ]
+
+    def _outputs(self, core: EngineCoreRequest, sample: dict[str, Any]) -> list[Any]:
+        processor = OutputProcessor(self.tokenizer, log_stats=False)
+        processor.add_request(core, None)
+        return [
+            output.outputs[0]
+            for step in self._steps(sample)
+            for output in processor.process_outputs([step]).request_outputs
+        ]
+
+    def _whole(self, sample: dict[str, Any]) -> dict[str, Any]:
+        request, kwargs, core = self._request(sample, stream=False)
+        final = self._outputs(core, sample)[-1]
+        parser = self._parser(request, kwargs)
+        parser.set_prompt_token_ids(sample["prompt_ids"])
+        reasoning, content, calls = parser.parse(
+            final.text, request, enable_auto_tools=True, model_output_token_ids=final.token_ids
+        )
+        tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls or []]
+        return _reply(sample, "whole", final.text, reasoning, content, tool_calls)
+
+    def _streamed(self, sample: dict[str, Any]) -> dict[str, Any]:
+        request, kwargs, core = self._request(sample, stream=True)
+        parser = self._parser(request, kwargs)
+        text, reasoning, content = "", None, None
+        calls: dict[int, dict[str, Any]] = {}
+        for output in self._outputs(core, sample):
+            text += output.text
+            delta = parser.parse_delta(
+                delta_text=output.text,
+                delta_token_ids=list(output.token_ids),
+                request=request,
+                prompt_token_ids=sample["prompt_ids"],
+                finished=output.finish_reason is not None,
+            )
+            sent = delta.model_dump(exclude_unset=True) if delta is not None else {}
+            if sent.get("reasoning") is not None:
+                reasoning = (reasoning or "") + sent["reasoning"]
+            if sent.get("content") is not None:
+                content = (content or "") + sent["content"]
+            for call in sent.get("tool_calls", []):  # merged by index, as an OpenAI client does
+                merged = calls.setdefault(call["index"], {"id": None, "name": "", "arguments": ""})
+                merged["id"] = merged["id"] or call.get("id")
+                function = call.get("function") or {}
+                merged["name"] += function.get("name") or ""
+                merged["arguments"] += function.get("arguments") or ""
+        return _reply(sample, "stream", text, reasoning, content, [calls[i] for i in sorted(calls)])
+
+
+def _reply(
+    sample: dict[str, Any], mode: str, text: str, reasoning: Any, content: Any, tool_calls: list[dict]
+) -> dict[str, Any]:
+    return {
+        "key": sample["key"],
+        "engine": "vllm",
+        "mode": mode,
+        "text": text,
+        "reasoning": reasoning,
+        "content": content,
+        "tool_calls": tool_calls,
+    }
+
+
+def main(model_dir: str, in_path: str, out_path: str) -> None:
+    server = Server(model_dir)
+    with open(in_path) as inputs, open(out_path, "w") as out:
+        for line in inputs:
+            for reply in server.replies(json.loads(line)):
+                out.write(json.dumps(reply, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
