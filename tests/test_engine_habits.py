@@ -14,7 +14,8 @@ from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.engines.corpus import MODES, engine_corpus, engine_record
 from eaglepipe.tokens.methods import EXACT_METHODS, Method
-from eaglepipe.tokens.rebuild import Rebuilder
+from eaglepipe.tokens.profile import ProviderPin
+from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
 from eaglepipe.tokens.target import Target
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.sglang]
@@ -49,10 +50,20 @@ def replies(kimi, kimi_dir, corpus, tmp_path_factory) -> dict[tuple[str, str], l
     }
 
 
-def rebuild(kimi, corpus, replies, *, with_ids=False):
+# What a config that names each engine says (`tokens.providers`): vLLM's parser trims arguments and keeps
+# ids; SGLang's trims arguments and renumbers ids. Neither pads; vLLM's stripped reasoning end has no pin
+# of its own, so its config says `strip`.
+PINS = {
+    "vllm": ProviderPin("strip", "keep", "trim", True),
+    "sglang": ProviderPin("keep", "renumber", "trim", True),
+}
+
+
+def rebuild(kimi, corpus, replies, *, with_ids=False, informed=False):
     records = [engine_record(s, r, with_ids=with_ids) for s, r in zip(corpus, replies, strict=True)]
     prompts = {s.prompt["id"]: s.prompt for s in corpus}
-    return Rebuilder(Target(kimi)).rebuild(prompts, records, "engines").samples
+    pins = {records[0]["provider"]: PINS[replies[0]["engine"]]} if informed else {}
+    return Rebuilder(Target(kimi), TokenSettings(providers=pins)).rebuild(prompts, records, "engines").samples
 
 
 def test_both_engines_answer_every_sample_in_both_modes(replies, corpus):
@@ -202,7 +213,24 @@ def shares(samples, corpus) -> dict[str, float]:
 def test_shares_from_text_per_engine_and_mode(kimi, corpus, replies, capsys):
     """The shares docs/tokens.md reports (printed); every text-only sample is rebuilt, none labelled exact."""
     for (engine, mode), lines in replies.items():
-        samples = rebuild(kimi, corpus, lines)
-        assert not any(s.method in EXACT_METHODS for s in samples)
-        with capsys.disabled():
-            print(f"\n{engine} {mode} (blind): {shares(samples, corpus)}")
+        for informed in (False, True):
+            samples = rebuild(kimi, corpus, lines, informed=informed)
+            assert not any(s.method in EXACT_METHODS for s in samples)
+            with capsys.disabled():
+                print(f"\n{engine} {mode} ({'informed' if informed else 'blind'}): {shares(samples, corpus)}")
+
+
+def test_sglang_renumbered_ids_are_read_back_to_the_models_own(kimi, corpus, replies):
+    """SGLang's non-streamed reply numbers a call after the conversation's earlier calls plus the model's
+    own number; with the engine named in the config, the model's id comes back from it."""
+    lines = replies["sglang", "whole"]
+    samples = rebuild(kimi, corpus, lines, informed=True)
+    renumbered = [
+        (sample, truth)
+        for sample, truth, reply in zip(samples, corpus, lines, strict=True)
+        if habits(truth, reply, kimi) == {"tool id: renumbered after earlier calls"}
+        and truth.hazards <= {"content_edge_whitespace", "reasoning_edge_whitespace"}  # SGLang keeps those
+    ]
+    assert len(renumbered) >= 5
+    for sample, truth in renumbered:
+        assert sample.completion_ids == truth.ids, sample.prompt_id

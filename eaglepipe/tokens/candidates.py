@@ -121,19 +121,22 @@ def argument_slot(piece: Piece, profile: EngineProfile) -> Slot:
 def id_slot(
     call: ToolCall, index: int, history: int, profile: EngineProfile, pieces: PieceCache
 ) -> tuple[Slot, Flag]:
-    """The model's own id. As returned when the engine is known to keep ids (config or exact ids); for an
-    engine that renumbers, Kimi's convention (counting the conversation's earlier calls) or a numbering
-    restarted at this reply; for an engine not known either way, as returned first, with those two
-    numberings standing beside it. The bill decides where their lengths differ; where they do not, the id
-    is flagged (`tool_id`), since another numbering explains the reply as well."""
+    """The model's own id. As returned when the engine is known to keep ids (config or exact ids); else
+    Kimi's convention (counting the conversation's earlier calls), a numbering restarted at this reply, and
+    the returned number less the earlier calls (SGLang's non-streamed replies add the earlier calls to the
+    model's own number); for an engine not known either way, the id as returned first, with those standing
+    beside it. The bill decides where their lengths differ; where they do not, the id is flagged
+    (`tool_id`), since another numbering explains the reply as well."""
     conventional = f"functions.{call.name}:{history + index}"
     restarted = f"functions.{call.name}:{index}"
     kimi_form = KIMI_TOOL_ID.fullmatch(call.id) is not None
     kept = profile.tool_ids == "keep" and profile.sources.get("tool_ids") in KNOWN_SOURCES
-    if kimi_form and (kept or (profile.tool_ids == "renumber" and call.id != conventional)):
+    if kimi_form and kept:
         return Slot(Flag.TOOL_ID, (Option(pieces(call.id), NO_EDIT, 0),)), Flag(0)
     returned = [call.id] if kimi_form and profile.tool_ids == "keep" else []
-    ids = dict.fromkeys([*returned, conventional, restarted])
+    number = int(call.id.rsplit(":", 1)[1]) if kimi_form else -1
+    unshifted = [f"functions.{call.name}:{number - history}"] if number >= history else []
+    ids = dict.fromkeys([*returned, conventional, restarted, *unshifted])
     options = tuple(Option(pieces(text), NO_EDIT, cost) for cost, text in enumerate(ids))
     return Slot(Flag.TOOL_ID, options), Flag(0) if kimi_form else Flag.TOOL_ID
 
