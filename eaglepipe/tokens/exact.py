@@ -1,9 +1,10 @@
 """Exact ids from the server (`token_ids`, or logprob `bytes` mapped to ranks), trusted only after they are
 read back into reasoning, content and tool calls that agree with the returned text.
 
-"Agree" allows exactly what engines do to text (`normalize`), and what the comparison shows is kept as
-evidence about the provider: how it treats whitespace, whether it renumbers tool ids or trims arguments,
-whether its bill counts the stop token.
+"Agree" allows exactly what engines do to text (`normalize`, and what the engine harness read from vLLM's
+and SGLang's own code: a stripped reasoning end, whitespace-only content dropped, a cut-off call
+returned), and what the comparison shows is kept as evidence about the provider: how it treats
+whitespace, whether it renumbers tool ids or trims arguments, whether its bill counts the stop token.
 """
 
 from __future__ import annotations
@@ -135,18 +136,26 @@ def _read_kimi(target: Target, ids: list[int], reply: Reply) -> _Read | None:
 def _compare(target: Target, reply: Reply, read: _Read, history: int) -> Observation | None:
     before_section = read.section
     modes = _modes(reply.content, read.content, reply.thinking and read.think_end, before_section)
+    if before_section and not reply.content and not read.content.strip():
+        modes = set(WHITESPACE_MODES)  # vLLM's Kimi parser drops content that is only whitespace
     if reply.thinking:
-        modes &= _modes(reply.reasoning, read.reasoning, False, read.think_end or read.section)
+        reasoning_modes = _modes(reply.reasoning, read.reasoning, False, read.think_end or read.section)
+        if reply.reasoning == read.reasoning.rstrip():
+            reasoning_modes.add("keep")  # vLLM's Kimi parser strips the reasoning's end
+        modes &= reasoning_modes
     elif reply.reasoning:
         return None
     if not target.kimi:
         modes &= {"keep", "strip"}
     calls = read.calls or []
-    if not modes or len(calls) != len(reply.tool_calls):
+    returned_calls = reply.tool_calls
+    if reply.truncated and len(returned_calls) == len(calls) + 1:
+        returned_calls = returned_calls[:-1]  # the call the length limit cut off, returned (vLLM, SGLang)
+    if not modes or len(calls) != len(returned_calls):
         return None
     renumbered: set[bool] = set()
     trimmed: set[bool] = set()
-    for index, ((model_id, arguments), call) in enumerate(zip(calls, reply.tool_calls, strict=True)):
+    for index, ((model_id, arguments), call) in enumerate(zip(calls, returned_calls, strict=True)):
         if call.arguments == arguments:
             trimmed |= {False} if arguments != arguments.strip() else set()
         elif call.arguments == arguments.strip():
