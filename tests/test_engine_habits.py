@@ -50,11 +50,10 @@ def replies(kimi, kimi_dir, corpus, tmp_path_factory) -> dict[tuple[str, str], l
     }
 
 
-# What a config that names each engine says (`tokens.providers`): vLLM's parser trims arguments and keeps
-# ids; SGLang's trims arguments and renumbers ids. Neither pads; vLLM's stripped reasoning end has no pin
-# of its own, so its config says `strip`.
+# What a config that names each engine says (`tokens.providers`): vLLM's parser strips the reasoning's end,
+# trims arguments and keeps ids; SGLang's trims arguments and renumbers ids.
 PINS = {
-    "vllm": ProviderPin("strip", "keep", "trim", True),
+    "vllm": ProviderPin("rstrip", "keep", "trim", True),
     "sglang": ProviderPin("keep", "renumber", "trim", True),
 }
 
@@ -234,3 +233,15 @@ def test_sglang_renumbered_ids_are_read_back_to_the_models_own(kimi, corpus, rep
     assert len(renumbered) >= 5
     for sample, truth in renumbered:
         assert sample.completion_ids == truth.ids, sample.prompt_id
+
+
+def test_vllms_stripped_reasoning_end_is_learned_from_the_bills(kimi, corpus, replies):
+    """Nothing in vLLM's text shows that it stripped the reasoning's end; the bills do, and SGLang's don't."""
+    prompts = {s.prompt["id"]: s.prompt for s in corpus}
+    for (engine, mode), lines in replies.items():
+        records = [engine_record(s, r) for s, r in zip(corpus, lines, strict=True)]
+        profile = Rebuilder(Target(kimi)).rebuild(prompts, records, "engines").profiles[f"{engine}-{mode}"]
+        if engine == "vllm":
+            assert (profile.whitespace, profile.sources["whitespace"]) == (("rstrip",), "bills"), mode
+        else:
+            assert profile.whitespace == ("keep",), mode

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from eaglepipe.tokens.methods import Flag, Method
-from eaglepipe.tokens.normalize import restore_edits, unpad_edit
+from eaglepipe.tokens.normalize import restore_edits, restore_end_edits, unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT, Edit, Piece
 from eaglepipe.tokens.profile import EngineProfile
 from eaglepipe.tokens.reply import Reply, ToolCall
@@ -97,11 +97,16 @@ class PieceCache:
         return self.pieces[text]
 
 
-def whitespace_slot(piece: Piece, reading: str, after_marker: bool, before_marker: bool) -> Slot | None:
+def whitespace_slot(
+    piece: Piece, reading: str, after_marker: bool, before_marker: bool, *, reasoning: bool = False
+) -> Slot | None:
     """The options of a reasoning or content piece under one reading; None when the reading cannot have
     produced this text (padding that is not there)."""
     if reading == "strip":
         options = tuple(Option(piece, edit, cost) for edit, cost in restore_edits(piece.text))
+    elif reading == "rstrip" and before_marker and (reasoning or not piece.text):
+        edits = restore_end_edits(piece.text, lead=not reasoning)
+        options = tuple(Option(piece, edit, cost) for edit, cost in edits)
     elif reading == "pad":
         edit = unpad_edit(piece.text, after_marker, before_marker)
         if edit is None:
@@ -233,7 +238,9 @@ def _kimi_items(
     section = calls or (extra and think_end)  # the tool section was opened
     items: list[Item] = []
     if reply.thinking:
-        reasoning = whitespace_slot(pieces(reply.reasoning), reading, False, think_end or calls)
+        reasoning = whitespace_slot(
+            pieces(reply.reasoning), reading, False, think_end or calls, reasoning=True
+        )
         if reasoning is None:
             return None
         items.append(reasoning)

@@ -136,13 +136,10 @@ def _read_kimi(target: Target, ids: list[int], reply: Reply) -> _Read | None:
 def _compare(target: Target, reply: Reply, read: _Read, history: int) -> Observation | None:
     before_section = read.section
     modes = _modes(reply.content, read.content, reply.thinking and read.think_end, before_section)
-    if before_section and not reply.content and not read.content.strip():
-        modes = set(WHITESPACE_MODES)  # vLLM's Kimi parser drops content that is only whitespace
     if reply.thinking:
-        reasoning_modes = _modes(reply.reasoning, read.reasoning, False, read.think_end or read.section)
-        if reply.reasoning == read.reasoning.rstrip():
-            reasoning_modes.add("keep")  # vLLM's Kimi parser strips the reasoning's end
-        modes &= reasoning_modes
+        modes &= _modes(
+            reply.reasoning, read.reasoning, False, read.think_end or read.section, reasoning=True
+        )
     elif reply.reasoning:
         return None
     if not target.kimi:
@@ -169,11 +166,18 @@ def _compare(target: Target, reply: Reply, read: _Read, history: int) -> Observa
     return Observation(frozenset(modes), None, _one(renumbered), _one(trimmed))
 
 
-def _modes(returned: str, generated: str, after_marker: bool, before_marker: bool) -> set[str]:
+def _modes(
+    returned: str, generated: str, after_marker: bool, before_marker: bool, *, reasoning: bool = False
+) -> set[str]:
+    if reasoning:  # vLLM's Kimi parser strips the reasoning's end
+        rstripped = generated.rstrip() if before_marker else generated
+    else:  # and drops content that is only whitespace
+        rstripped = "" if before_marker and not generated.strip() else generated
     rendered = {
         "keep": generated,
         "pad": padded(generated, after_marker, before_marker),
         "strip": generated.strip(),
+        "rstrip": rstripped,
     }
     return {mode for mode in WHITESPACE_MODES if rendered[mode] == returned}
 

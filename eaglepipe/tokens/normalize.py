@@ -4,15 +4,17 @@
 - `pad`: vLLM's default detokenizer joins the text runs and the kept markers (`</think>`, the tool-section
   markers) with single spaces, so reasoning ends and content starts (and ends, before a tool section) with
   a space the model never generated. Undone exactly by dropping that one space.
-- `strip`: SGLang's reasoning parser strips reasoning and content; whatever whitespace the model put at
-  their ends is gone, so it is put back from `RESTORABLE` as candidates.
+- `strip`: an (older) SGLang reasoning parser strips reasoning and content; whatever whitespace the model
+  put at their ends is gone, so it is put back from `RESTORABLE` as candidates.
+- `rstrip`: vLLM's Kimi parser strips only the end of the reasoning (before `</think>` or the tool section)
+  and drops content that is only whitespace before a tool section; those are put back the same way.
 """
 
 from __future__ import annotations
 
 from eaglepipe.tokens.pieces import NO_EDIT, Edit
 
-WHITESPACE_MODES = ("keep", "pad", "strip")
+WHITESPACE_MODES = ("keep", "pad", "strip", "rstrip")
 # Whitespace a stripped end may have held, most likely first (a guess: it only orders equal-length readings).
 RESTORABLE = ("\n", "\n\n", " ")
 
@@ -50,3 +52,9 @@ def restore_edits(text: str) -> list[tuple[Edit, int]]:
         for trail, trail_cost in costs.items()
     ]
 
+
+
+def restore_end_edits(text: str, lead: bool = False) -> list[tuple[Edit, int]]:
+    """Readings of a piece that lost whitespace at one end only (the end, or the start when `lead`)."""
+    costs = {"": 0} | {w: rank + 1 for rank, w in enumerate(RESTORABLE)}
+    return [(Edit(add_lead=w) if lead else Edit(add_trail=w), cost) for w, cost in costs.items()]
