@@ -130,7 +130,7 @@ def test_every_greedy_answer_is_rebuilt_exactly_or_labelled(served, model_dir):
 
 def test_an_sglang_like_stream_strips_the_ends_as_the_whole_text_does(model_dir):
     hf = load_tokenizer(model_dir)
-    text = TokenizerText(hf, SWITCHES["sglang"])
+    text = TokenizerText(hf, SWITCHES["sglang_stripping"])
     ids = hf.encode("\n\n  Hello there,\n world  \n", add_special_tokens=False)
     ids.insert(3, hf.convert_tokens_to_ids("<|im_start|>"))
     decoder = text.decoder()

@@ -89,7 +89,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     model.add_argument(
         "--text-like",
         choices=SERVED_SWITCHES,
-        help="return text as this engine would (special tokens skipped, ends stripped); default exact",
+        help="return text as this engine would (eaglepipe/emulator/text_like.py); default exact",
     )
     model.add_argument(
         "--threads",

@@ -1,12 +1,17 @@
 """What serving engines make of a completion's ids: the text, reasoning and tool calls they return.
 
-Providers hand back text, not ids, and the text is not quite what the model generated: vLLM's detokenizer
-skips special tokens and joins the rest with spaces around the kept markers (`spaces_between_special_tokens`),
-SGLang's reasoning parser strips reasoning and content, its Kimi tool parser may renumber tool-call ids,
-both trim tool arguments, and bills differ in whether they count the stop token. These switches imitate
-that as pure functions of the true ids, so the emulator can serve such text (`--text-like`) and the token
-stage's ground-truth tests can check reconstruction against it; `eaglepipe.tokens` never imports this
-module, so the two sides stay independent implementations of the same behaviour.
+Providers hand back text, not ids, and the text is not quite what the model generated. What vLLM 0.32 and
+SGLang 0.5.14 do was read from their own code (`eaglepipe/tokens/engines`, docs/tokens.md): vLLM's Kimi
+parser strips the reasoning's end, drops content that is only whitespace before a tool section and trims
+arguments (`vllm`); SGLang's renumbers tool-call ids after the conversation's earlier calls (non-streamed:
+plus the model's own number) and trims arguments (`sglang`). Two habits of other set-ups stay as switches:
+vLLM's detokenizer joins text and markers with spaces when the tokenizer registers the markers as added
+tokens (`vllm_spaced`), and an older SGLang stripped reasoning and content (`sglang_stripping`). Bills
+differ in whether they count the stop token. These switches imitate that as pure functions of the true
+ids, so the emulator can serve such text (`--text-like`) and the token stage's ground-truth tests can check
+reconstruction against it; `eaglepipe.tokens` never imports this module, so the two sides stay independent
+implementations of the same behaviour. They do not imitate the rarer habits (a special token's spelling
+dropped from text, a cut-off call returned, streamed SGLang's whitespace after arguments).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, Literal
 from eaglepipe.target.tokenizer import TargetTokenizer, TokenizerError
 from eaglepipe.tokens.profile import ProviderPin
 
-Whitespace = Literal["keep", "pad", "strip"]
+Whitespace = Literal["keep", "pad", "strip", "rstrip"]
 THINK_END = "</think>"
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
 # vLLM's Kimi-K2 tool-call pattern: the id and (when trimming) the arguments lose surrounding whitespace.
@@ -42,6 +47,9 @@ class EngineSwitch:
     skip_special_tokens: bool = True
     whitespace: Whitespace = "keep"
     renumber_tool_ids: bool = False
+    # Renumbered after the earlier calls plus: the call's position (SGLang streamed, older SGLang) or the
+    # model's own number (SGLang's non-streamed replies).
+    renumber_from: Literal["position", "model"] = "position"
     trim_arguments: bool = False
     bills_stop_token: bool = True
     returns_token_ids: bool = False
@@ -54,18 +62,27 @@ class EngineSwitch:
             raise ValueError(f"switch {self.name}: a padding engine's tool parser trims arguments")
 
 
-VLLM = EngineSwitch("vllm", whitespace="pad", trim_arguments=True)
-SGLANG = EngineSwitch("sglang", whitespace="strip", renumber_tool_ids=True, trim_arguments=True)
+VLLM = EngineSwitch("vllm", whitespace="rstrip", trim_arguments=True)
+SGLANG = EngineSwitch("sglang", renumber_tool_ids=True, renumber_from="model", trim_arguments=True)
 SWITCHES: dict[str, EngineSwitch] = {
     s.name: s
     for s in (
         EngineSwitch("exact", skip_special_tokens=False),
         VLLM,
-        EngineSwitch("vllm_ids", whitespace="pad", trim_arguments=True, returns_token_ids=True),
-        EngineSwitch("vllm_logprobs", whitespace="pad", trim_arguments=True, returns_logprobs=True),
+        EngineSwitch("vllm_ids", whitespace="rstrip", trim_arguments=True, returns_token_ids=True),
+        EngineSwitch("vllm_logprobs", whitespace="rstrip", trim_arguments=True, returns_logprobs=True),
+        EngineSwitch("vllm_spaced", whitespace="pad", trim_arguments=True),
         SGLANG,
         EngineSwitch(
             "sglang_ids",
+            renumber_tool_ids=True,
+            renumber_from="model",
+            trim_arguments=True,
+            returns_token_ids=True,
+        ),
+        EngineSwitch("sglang_stripping", whitespace="strip", renumber_tool_ids=True, trim_arguments=True),
+        EngineSwitch(
+            "sglang_stripping_ids",
             whitespace="strip",
             renumber_tool_ids=True,
             trim_arguments=True,
@@ -76,7 +93,7 @@ SWITCHES: dict[str, EngineSwitch] = {
     )
 }
 # What `python -m eaglepipe.emulator --text-like` offers.
-SERVED_SWITCHES = ("exact", "vllm", "sglang")
+SERVED_SWITCHES = ("exact", "vllm", "vllm_spaced", "sglang", "sglang_stripping")
 
 
 @dataclass(frozen=True)
@@ -149,6 +166,8 @@ def engine_reply(
 ) -> EngineReply:
     """`ids`: what the model generated, without the stop token (`stopped` says whether it followed)."""
     text = detokenize(tokenizer, ids, switch)
+    closed = THINK_END in text or SECTION_BEGIN in text  # something followed the reasoning
+    section = SECTION_BEGIN in text
     reasoning: str | None = None
     if thinking:
         reasoning, text = split_reasoning(text)
@@ -158,6 +177,9 @@ def engine_reply(
     if switch.whitespace == "strip":
         reasoning = reasoning.strip() if reasoning is not None else None
         content = content.strip()
+    elif switch.whitespace == "rstrip":
+        reasoning = reasoning.rstrip() if reasoning is not None and closed else reasoning
+        content = "" if section and not content.strip() else content
     logprobs = None
     if switch.returns_logprobs:
         entries = [tokenizer.token_bytes(i) for i in ids]
@@ -203,7 +225,8 @@ def split_tool_calls(text: str, switch: EngineSwitch, tool_history: int) -> tupl
     for index, match in enumerate(pattern.finditer(text, cut)):
         model_id = match["id"]
         name = model_id.split(":")[0].split(".")[-1]
-        call_id = f"functions.{name}:{tool_history + index}" if switch.renumber_tool_ids else model_id
+        number = int(model_id.rsplit(":", 1)[1]) if switch.renumber_from == "model" else index
+        call_id = f"functions.{name}:{tool_history + number}" if switch.renumber_tool_ids else model_id
         calls.append(
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": match["arguments"]}}
         )

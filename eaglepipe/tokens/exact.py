@@ -160,7 +160,12 @@ def _compare(target: Target, reply: Reply, read: _Read, history: int) -> Observa
         else:
             return None
         if call.id != model_id.strip():
-            renumbered |= {True} if call.id == f"functions.{call.name}:{history + index}" else set()
+            number = model_id.rsplit(":", 1)[-1]
+            # After the earlier calls plus the position, or plus the model's own number (SGLang).
+            shifted = f"functions.{call.name}:{history + int(number)}" if number.isdigit() else None
+            renumbered |= (
+                {True} if call.id in (f"functions.{call.name}:{history + index}", shifted) else set()
+            )
         elif model_id != f"functions.{call.name}:{history + index}":
             renumbered.add(False)
     return Observation(frozenset(modes), None, _one(renumbered), _one(trimmed))

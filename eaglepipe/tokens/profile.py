@@ -25,6 +25,9 @@ from eaglepipe.tokens.normalize import WHITESPACE_MODES
 PAD_EVIDENCE = 3
 
 
+# Replies whose first call is numbered after the earlier calls twice that make a provider SGLang-like.
+SHIFT_EVIDENCE = 3
+
 @dataclass(frozen=True)
 class ProviderPin:
     """What the config says about one provider's engine; None: find out."""
@@ -76,6 +79,9 @@ class Evidence:
     stop_billed: Counter[bool] = field(default_factory=Counter)
     renumbered: Counter[bool] = field(default_factory=Counter)
     trimmed: Counter[bool] = field(default_factory=Counter)
+    # Replies after earlier calls whose first call is numbered after them (`conventional`: Kimi's own
+    # numbering, kept) or after them twice (`shifted`: SGLang's non-streamed renumbering of it).
+    first_call_numbers: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -91,6 +97,9 @@ def decide_profile(evidence: Evidence, pin: ProviderPin) -> EngineProfile:
     whitespace, fallback = _whitespace(evidence, pin, sources)
     stop_billed = _choice(pin.stop_billed, evidence.stop_billed, True, "stop_billed", sources)
     renumber = _choice(_is(pin.tool_ids, "renumber"), evidence.renumbered, False, "tool_ids", sources)
+    shifted, conventional = (evidence.first_call_numbers[k] for k in ("shifted", "conventional"))
+    if sources["tool_ids"] == "default" and shifted >= SHIFT_EVIDENCE and shifted > conventional:
+        renumber, sources["tool_ids"] = True, "text"
     trim = _choice(_is(pin.arguments, "trim"), evidence.trimmed, False, "arguments", sources)
     return EngineProfile(
         whitespace,

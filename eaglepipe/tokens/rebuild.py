@@ -238,6 +238,10 @@ class Rebuilder:
             sites, refuted = item.padding
             evidence.pad_sites += sites
             evidence.pad_refuted += refuted
+            if item.history and item.reply.tool_calls:
+                number = item.reply.tool_calls[0].id.rsplit(":", 1)[-1]
+                kind = {str(item.history): "conventional", str(2 * item.history): "shifted"}.get(number)
+                evidence.first_call_numbers.update([kind] if kind else [])
         if item.exact is None:
             return
         seen = item.exact.observation
