@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from eaglepipe.target.convert import EMBEDDED_GGUF, convert_gguf, packaged_gguf
+from eaglepipe.target.kimi_layout import ensure_kimi_layout
+from eaglepipe.target.tokenizer import load_target_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDED_MODEL_DIR = REPO / "resources" / "models" / "smollm2-135m-instruct"
@@ -40,3 +42,14 @@ def tiny_pipeline(tmp_path_factory, model_dir: Path) -> Path:
     workdir = tmp_path_factory.mktemp("pipeline")
     build_tiny_run(workdir, model_dir)
     return workdir
+
+
+@pytest.fixture(scope="session")
+def kimi_dir(tmp_path_factory) -> Path:
+    """A tokenizer directory in Kimi-K2.5's layout (eaglepipe.target.kimi_layout)."""
+    return ensure_kimi_layout(tmp_path_factory.mktemp("kimi") / "tokenizer").directory
+
+
+@pytest.fixture(scope="session")
+def kimi(kimi_dir: Path):
+    return load_target_tokenizer(kimi_dir)

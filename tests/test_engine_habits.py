@@ -10,8 +10,6 @@ import pytest
 
 from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
 from eaglepipe.emulator.text_like import SWITCHES, engine_reply
-from eaglepipe.target.kimi_layout import ensure_kimi_layout
-from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.engines.corpus import MODES, engine_corpus, engine_record
 from eaglepipe.tokens.methods import EXACT_METHODS, Method
 from eaglepipe.tokens.profile import ProviderPin
@@ -21,16 +19,6 @@ from eaglepipe.tokens.target import Target
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.sglang]
 CORPUS_SIZE = 200
 ENGINES = ("vllm", "sglang")
-
-
-@pytest.fixture(scope="module")
-def kimi_dir(tmp_path_factory):
-    return ensure_kimi_layout(tmp_path_factory.mktemp("kimi") / "tokenizer").directory
-
-
-@pytest.fixture(scope="module")
-def kimi(kimi_dir):
-    return load_target_tokenizer(kimi_dir)
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,7 @@ from eaglepipe.emulator.kimi_synthetic import (
 )
 from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, engine_reply, pin_for
 from eaglepipe.target import kimi_chat
-from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.segments import encode_segments
-from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import build_tokens
 from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
 from eaglepipe.tokens.pieces import Edit, Piece
@@ -40,19 +38,8 @@ CORPUS_SIZE = 400
 
 
 @pytest.fixture(scope="session")
-def kimi_dir(tmp_path_factory):
-    return ensure_kimi_layout(tmp_path_factory.mktemp("kimi") / "tokenizer").directory
-
-
-@pytest.fixture(scope="session")
-def kimi(kimi_dir):
-    return load_target_tokenizer(kimi_dir)
-
-
-@pytest.fixture(scope="session")
 def corpus(kimi) -> list[TrueSample]:
     return kimi_corpus(kimi, CORPUS_SIZE, seed=1)
-
 
 
 def hidden_by(switch: EngineSwitch, informed: bool) -> frozenset[str]:

@@ -343,12 +343,9 @@ def reply_record(tokenizer: TargetTokenizer, sample: TrueSample, switch: EngineS
         tool_history=sample.tool_history,
     )
     tool_format: ToolFormat = switch.prompt_tool_format if "tools" in sample.prompt else "typescript"
-    request: dict[str, Any] = {"model": "moonshotai/kimi-k2.5"}
-    if not sample.thinking:
-        request["reasoning"] = {"enabled": False}
     return {
         "prompt_id": sample.prompt["id"],
-        "request": request,
+        "request": sample_request(sample),
         "response": reply.response(),
         "provider": switch.name,
         "usage": {
@@ -358,3 +355,11 @@ def reply_record(tokenizer: TargetTokenizer, sample: TrueSample, switch: EngineS
             "cost": 0.0,
         },
     }
+
+
+def sample_request(sample: TrueSample) -> dict[str, Any]:
+    """The journal's `request` of a sample: what was asked, thinking turned off for an instant answer."""
+    request: dict[str, Any] = {"model": "moonshotai/kimi-k2.5"}
+    if not sample.thinking:
+        request["reasoning"] = {"enabled": False}
+    return request

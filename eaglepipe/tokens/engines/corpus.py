@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.emulator.kimi_synthetic import TrueSample
+from eaglepipe.emulator.kimi_synthetic import TrueSample, sample_request
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.tokenizer import TargetTokenizer
 
@@ -139,12 +139,9 @@ def engine_record(sample: TrueSample, reply: dict[str, Any], *, with_ids: bool =
     }
     if with_ids:
         response["token_ids"] = sample.answer_ids
-    request: dict[str, Any] = {"model": "moonshotai/kimi-k2.5"}
-    if not sample.thinking:
-        request["reasoning"] = {"enabled": False}
     return {
         "prompt_id": sample.prompt["id"],
-        "request": request,
+        "request": sample_request(sample),
         "response": response,
         "provider": f"{reply['engine']}-{reply['mode']}" + ("-ids" if with_ids else ""),
         "usage": {

@@ -27,6 +27,8 @@ from sglang.srt.function_call.function_call_parser import FunctionCallParser
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 from transformers import AutoTokenizer  # before SGLang: its imports look for torchvision through transformers
 
+from eaglepipe.tokens.engines.replay import replay
+
 PROMPT_OFFSET = 5  # schedule_batch.py: INIT_INCREMENTAL_DETOKENIZATION_OFFSET
 NON_STREAM_INTERVAL = 50  # output_streamer.py: a non-streamed request's ids reach the detokenizer this often
 # Modules the detokenizer's module imports at its top but its decoding never uses, which cannot be
@@ -213,13 +215,6 @@ def _streamed(chunks: list[str], request: Any) -> dict[str, Any]:
     }
 
 
-def main(model_dir: str, in_path: str, out_path: str) -> None:
-    server = Server(model_dir)
-    with open(in_path) as inputs, open(out_path, "w") as out:
-        for line in inputs:
-            for reply in server.replies(json.loads(line)):
-                out.write(json.dumps(reply, ensure_ascii=False) + "\n")
-
-
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    model_dir, in_path, out_path = sys.argv[1:]
+    replay(Server(model_dir), in_path, out_path)

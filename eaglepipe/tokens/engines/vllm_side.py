@@ -13,7 +13,6 @@ sample and mode. The tokenizer is the target directory's, loaded as vLLM loads i
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from types import SimpleNamespace
@@ -24,6 +23,8 @@ from vllm.parser import ParserManager
 from vllm.tokenizers import get_tokenizer
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.output_processor import OutputProcessor
+
+from eaglepipe.tokens.engines.replay import replay
 
 # The model type selects the `functions.NAME:N` id convention in vLLM's Kimi parser.
 MODEL_CONFIG = SimpleNamespace(
@@ -157,13 +158,6 @@ def _reply(
     }
 
 
-def main(model_dir: str, in_path: str, out_path: str) -> None:
-    server = Server(model_dir)
-    with open(in_path) as inputs, open(out_path, "w") as out:
-        for line in inputs:
-            for reply in server.replies(json.loads(line)):
-                out.write(json.dumps(reply, ensure_ascii=False) + "\n")
-
-
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    model_dir, in_path, out_path = sys.argv[1:]
+    replay(Server(model_dir), in_path, out_path)
