@@ -49,12 +49,12 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=40)
     parser.add_argument("--steps", type=int, default=48)
     args = parser.parse_args()
-    common = (args.target, args.rows, args.prompt, args.steps)
+    shape = (args.rows, args.prompt, args.steps)
 
-    one = decode_seconds(args.target, 2, *common[1:], None)
+    one = decode_seconds(args.target, 2, *shape, None)
     context = multiprocessing.get_context("spawn")
     with context.Manager() as manager, context.Pool(2) as pool:
-        two = pool.map(_worker, [(args.target, 1, *common[1:], manager.Barrier(2))] * 2)
+        two = pool.map(_worker, [(args.target, 1, *shape, manager.Barrier(2))] * 2)
     decoded = args.rows * args.steps
     print(f"{args.rows} rows, {args.steps} decode steps after a {args.prompt}-token prompt")
     print(f"one process, 2 threads:  {one:.1f} s, {decoded / one:.0f} rows/s")

@@ -56,7 +56,7 @@ rule generate:
     resources:
         api=1,
     # The client needs little CPU, and a local emulator's model runs on one thread: two sets at once, one
-    # thread each, decode 35% more tokens per second than one set on two threads (docs/generation.md).
+    # thread each, decode 27% more tokens per second than one set on two threads (docs/generation.md).
     threads: 1
     conda:
         "../envs/pipeline.yaml"

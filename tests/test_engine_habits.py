@@ -39,7 +39,8 @@ def replies(kimi, kimi_dir, corpus, tmp_path_factory) -> dict[tuple[str, str], l
 
 
 # What a config that names each engine says (`tokens.providers`): vLLM's parser strips the reasoning's end,
-# trims arguments and keeps ids; SGLang's trims arguments and renumbers ids.
+# trims arguments and keeps ids; SGLang's trims arguments and renumbers ids. Written out rather than taken
+# from text_like.pin_for: this file checks text_like against the engines, so it does not lean on it.
 PINS = {
     "vllm": ProviderPin("rstrip", "keep", "trim", True),
     "sglang": ProviderPin("keep", "renumber", "trim", True),

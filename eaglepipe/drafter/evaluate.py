@@ -197,9 +197,10 @@ class SharedTargetCache:
             return out.logits, None
         return out.logits, torch.cat([out.hidden_states[i + 1] for i in self.aux_layer_ids], dim=-1)
 
-    def keep(self, row: int, width: int, kept: int) -> None:
-        """Row `row` keeps the first `kept` of the `width` slots the last forward appended."""
-        self.kept[row, self.kept.shape[1] - width + kept :] = False
+    def keep(self, slot: int, width: int, kept: int) -> None:
+        """The row at `slot` (its place in the cache) keeps the first `kept` of the `width` slots the last
+        forward appended."""
+        self.kept[slot, self.kept.shape[1] - width + kept :] = False
 
     def select(self, rows: list[int]) -> None:
         """Only `rows` (in that order) go on: the others have finished and leave every later forward."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import regex
 
-from eaglepipe.emulator.text_like import EngineSwitch, engine_reply
+from eaglepipe.emulator.text_like import EngineReply, EngineSwitch, engine_reply
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.kimi_layout import layout_corpus
 from eaglepipe.target.kimi_tools import ToolFormat
@@ -343,23 +343,26 @@ def reply_record(tokenizer: TargetTokenizer, sample: TrueSample, switch: EngineS
         tool_history=sample.tool_history,
     )
     tool_format: ToolFormat = switch.prompt_tool_format if "tools" in sample.prompt else "typescript"
+    prompt_tokens = sample.prompt_lengths[tool_format] + switch.injected_prompt_tokens
+    return sample_record(sample, reply, switch.name, prompt_tokens)
+
+
+def sample_record(
+    sample: TrueSample, reply: EngineReply, provider: str, prompt_tokens: int
+) -> dict[str, Any]:
+    """The responses.jsonl record of `reply` to the sample's prompt (asked without thinking if instant)."""
+    request: dict[str, Any] = {"model": "moonshotai/kimi-k2.5"}
+    if not sample.thinking:
+        request["reasoning"] = {"enabled": False}
     return {
         "prompt_id": sample.prompt["id"],
-        "request": sample_request(sample),
+        "request": request,
         "response": reply.response(),
-        "provider": switch.name,
+        "provider": provider,
         "usage": {
-            "prompt_tokens": sample.prompt_lengths[tool_format] + switch.injected_prompt_tokens,
+            "prompt_tokens": prompt_tokens,
             "completion_tokens": reply.completion_tokens,
             "reasoning_tokens": 0,
             "cost": 0.0,
         },
     }
-
-
-def sample_request(sample: TrueSample) -> dict[str, Any]:
-    """The journal's `request` of a sample: what was asked, thinking turned off for an instant answer."""
-    request: dict[str, Any] = {"model": "moonshotai/kimi-k2.5"}
-    if not sample.thinking:
-        request["reasoning"] = {"enabled": False}
-    return request

@@ -33,6 +33,7 @@ _TRIMMED_CALL = re.compile(
     r"<\|tool_call_end\|>",
     re.DOTALL,
 )
+_KIMI_ID = re.compile(r"functions\.[^:]+:(\d+)")
 _KEPT_CALL = re.compile(
     r"<\|tool_call_begin\|>\s*(?P<id>.+?)\s*<\|tool_call_argument_begin\|>(?P<arguments>.*?)<\|tool_call_end\|>",
     re.DOTALL,
@@ -225,7 +226,8 @@ def split_tool_calls(text: str, switch: EngineSwitch, tool_history: int) -> tupl
     for index, match in enumerate(pattern.finditer(text, cut)):
         model_id = match["id"]
         name = model_id.split(":")[0].split(".")[-1]
-        number = int(model_id.rsplit(":", 1)[1]) if switch.renumber_from == "model" else index
+        own = _KIMI_ID.fullmatch(model_id)
+        number = int(own[1]) if own and switch.renumber_from == "model" else index
         call_id = f"functions.{name}:{tool_history + number}" if switch.renumber_tool_ids else model_id
         calls.append(
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": match["arguments"]}}

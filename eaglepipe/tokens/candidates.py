@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from eaglepipe.tokens.methods import Flag, Method
-from eaglepipe.tokens.normalize import restore_edits, restore_end_edits, unpad_edit
+from eaglepipe.tokens.normalize import restore_edits, restore_trail_edits, unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT, Edit, Piece
 from eaglepipe.tokens.profile import EngineProfile
 from eaglepipe.tokens.reply import Reply, ToolCall
@@ -105,7 +105,7 @@ def whitespace_slot(
     if reading == "strip":
         options = tuple(Option(piece, edit, cost) for edit, cost in restore_edits(piece.text))
     elif reading == "rstrip" and before_marker and (reasoning or not piece.text):
-        edits = restore_end_edits(piece.text, lead=not reasoning)
+        edits = restore_trail_edits() if reasoning else restore_edits(piece.text)  # blank content: dropped
         options = tuple(Option(piece, edit, cost) for edit, cost in edits)
     elif reading == "pad":
         edit = unpad_edit(piece.text, after_marker, before_marker)

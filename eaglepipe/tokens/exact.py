@@ -92,7 +92,7 @@ def _read_chatml(target: Target, ids: list[int]) -> _Read | None:
 
 def _read_kimi(target: Target, ids: list[int], reply: Reply) -> _Read | None:
     """Walk the ids as `reasoning </think> content [section] ...`; None on a special id out of place. A
-    call cut off by the length limit is dropped, as engines drop it."""
+    call cut off by the length limit is left out (engines return it, or not; `_compare` allows both)."""
     layout, decode = target.layout, target.tokenizer.decode
     read = _Read(think_end=not reply.thinking, calls=[])
     state, call_id = ("reasoning" if reply.thinking else "content"), ""
@@ -160,9 +160,9 @@ def _compare(target: Target, reply: Reply, read: _Read, history: int) -> Observa
         else:
             return None
         if call.id != model_id.strip():
-            number = model_id.rsplit(":", 1)[-1]
+            number = model_id.strip().rsplit(":", 1)[-1]
             # After the earlier calls plus the position, or plus the model's own number (SGLang).
-            shifted = f"functions.{call.name}:{history + int(number)}" if number.isdigit() else None
+            shifted = f"functions.{call.name}:{history + int(number)}" if number.isdecimal() else None
             renumbered |= (
                 {True} if call.id in (f"functions.{call.name}:{history + index}", shifted) else set()
             )

@@ -17,6 +17,7 @@ from eaglepipe.tokens.pieces import NO_EDIT, Edit
 WHITESPACE_MODES = ("keep", "pad", "strip", "rstrip")
 # Whitespace a stripped end may have held, most likely first (a guess: it only orders equal-length readings).
 RESTORABLE = ("\n", "\n\n", " ")
+_RESTORE_COSTS = {"": 0} | {w: rank + 1 for rank, w in enumerate(RESTORABLE)}
 
 
 def padded(text: str, after_marker: bool, before_marker: bool) -> str:
@@ -43,18 +44,15 @@ def unpad_edit(text: str, after_marker: bool, before_marker: bool) -> Edit | Non
 def restore_edits(text: str) -> list[tuple[Edit, int]]:
     """Every reading of a stripped piece with at most one `RESTORABLE` run put back at each end, with its
     preference cost (0: as returned). An empty piece may have been one run of whitespace."""
-    costs = {"": 0} | {w: rank + 1 for rank, w in enumerate(RESTORABLE)}
     if not text:
-        return [(Edit(add_lead=w), cost) for w, cost in costs.items()]
+        return [(Edit(add_lead=w), cost) for w, cost in _RESTORE_COSTS.items()]
     return [
         (Edit(add_lead=lead, add_trail=trail), lead_cost + trail_cost)
-        for lead, lead_cost in costs.items()
-        for trail, trail_cost in costs.items()
+        for lead, lead_cost in _RESTORE_COSTS.items()
+        for trail, trail_cost in _RESTORE_COSTS.items()
     ]
 
 
-
-def restore_end_edits(text: str, lead: bool = False) -> list[tuple[Edit, int]]:
-    """Readings of a piece that lost whitespace at one end only (the end, or the start when `lead`)."""
-    costs = {"": 0} | {w: rank + 1 for rank, w in enumerate(RESTORABLE)}
-    return [(Edit(add_lead=w) if lead else Edit(add_trail=w), cost) for w, cost in costs.items()]
+def restore_trail_edits() -> list[tuple[Edit, int]]:
+    """The readings of a piece that lost whitespace at its end only (vLLM's stripped reasoning)."""
+    return [(Edit(add_trail=w), cost) for w, cost in _RESTORE_COSTS.items()]

@@ -2,9 +2,11 @@
 
 Each field comes from the first source that knows it: the config (`tokens.providers.NAME`), the provider's
 own samples that carry exact ids (server ids or logprob bytes show exactly what was changed), the text of
-its samples (padding leaves a space at every marker of a reply), else the default: the engine returns the
-text as generated and bills the stop token (vLLM does). Stripping cannot be seen in text (it leaves
-nothing), so it is known only from the config or from exact ids.
+its samples (padding leaves a space at every marker of a reply; SGLang's renumbering counts the earlier
+calls twice in the first call's number), the bills (the stop token's billing, vLLM's stripped reasoning
+end: `rstrip`, decided in `rebuild.py`), else the default: the engine returns the text as generated and
+bills the stop token (vLLM does). Stripping both ends and trimming cannot be seen in text (they leave
+nothing), so they are known only from the config or from exact ids.
 
 Text is weighed, not vetoed: the provider pads when most of its replies with a marker next to text show the
 padding space. A provider behind one name may run more than one engine, or answer some requests another
@@ -23,10 +25,9 @@ from eaglepipe.tokens.normalize import WHITESPACE_MODES
 # A provider is taken to pad only when at least this many samples had a space at every marker; with fewer,
 # the text as returned stays a candidate too.
 PAD_EVIDENCE = 3
-
-
 # Replies whose first call is numbered after the earlier calls twice that make a provider SGLang-like.
 SHIFT_EVIDENCE = 3
+
 
 @dataclass(frozen=True)
 class ProviderPin:

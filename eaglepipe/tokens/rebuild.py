@@ -25,8 +25,8 @@ from eaglepipe.tokens.reply import Reply, parse_reply
 from eaglepipe.tokens.target import TOOL_FORMATS, Target, tool_history
 from eaglepipe.tokens.validate import structure_problem
 
-# Replies the stop-billing probe reads per provider; readings that fit the bill.
-STOP_PROBE = 64
+# Replies each bills probe (stop billing, reasoning end) reads per provider; readings that fit the bill.
+PROBE_REPLIES = 64
 # Share of the probed replies that only a restored reasoning end fits, from which the engine strips it.
 RSTRIP_RESCUED = 0.15
 FITTING = (Method.REBUILT_COUNT_MATCHED, Method.REBUILT_AMBIGUOUS)
@@ -87,7 +87,7 @@ class _Pending:
     exact: ExactIds | None
     exact_method: Method | None
     rejected: bool
-    pieces: PieceCache | None = None  # encodings made by the stop-billing probe, reused once
+    pieces: PieceCache | None = None  # encodings made by the bills probes, reused
 
     @cached_property
     def padding(self) -> tuple[int, int]:
@@ -115,19 +115,20 @@ class Rebuilder:
             items = [p for p in pending if p.reply.provider == name]
             if profile.sources["stop_billed"].startswith("default"):
                 profile = profiles[name] = self._probe_stop_billing(profile, items)
-            if self.target.kimi and profile.sources["whitespace"] == "default":
+            if profile.sources["whitespace"] == "default":
                 profiles[name] = self._probe_reasoning_end(profile, items)
         samples = [self._sample(item, profiles[item.reply.provider], where) for item in pending]
         return Rebuilt(samples, profiles, evidence)
 
     def _probe_stop_billing(self, profile: EngineProfile, items: list[_Pending]) -> EngineProfile:
-        """With nothing known, the stop token's billing is read off the bills: on up to `STOP_PROBE` stopped
-        text-only replies, the assumption under which at least twice as many fit wins (billed on a tie)."""
+        """With nothing known, the stop token's billing is read off the bills: on up to `PROBE_REPLIES`
+        stopped text-only replies, the assumption under which at least twice as many fit wins (billed on
+        a tie)."""
         probe = [
             item
             for item in items
             if item.exact is None and not item.reply.truncated and item.reply.billed_completion is not None
-        ][:STOP_PROBE]
+        ][:PROBE_REPLIES]
         fits = {billed: 0 for billed in (True, False)}
         for item in probe:
             item.pieces = PieceCache(self.target)
@@ -142,13 +143,13 @@ class Rebuilder:
 
     def _probe_reasoning_end(self, profile: EngineProfile, items: list[_Pending]) -> EngineProfile:
         """With nothing known, whether the engine strips the reasoning's end (vLLM's Kimi parser) is read off
-        the bills too. On up to `STOP_PROBE` replies with reasoning closed by a marker, a stripping engine's
-        text misses the bill on every reply whose reasoning ended in whitespace, and putting it back fits;
-        an engine that keeps the text misses only where the model split a token as BPE would not, which a
-        restored whitespace token can also "fit". So `rstrip` is taken when the restoration alone fits at
-        least `RSTRIP_RESCUED` of the probed replies: 22-23% on vLLM's own text of the synthetic corpus,
-        8% on text kept as generated, whose splits (20% of its samples) are far more frequent than in real
-        answers (docs/tokens.md)."""
+        the bills too. On up to `PROBE_REPLIES` replies with reasoning closed by a marker, a stripping
+        engine's text misses the bill on every reply whose reasoning ended in whitespace, and putting it
+        back fits; an engine that keeps the text misses only where the model split a token as BPE would
+        not, which a restored whitespace token can also "fit". So `rstrip` is taken when the restoration
+        alone fits at least `RSTRIP_RESCUED` of the probed replies: 22-23% on vLLM's own text of the
+        synthetic corpus, 8% on text kept as generated, whose splits (20% of its samples) are far more
+        frequent than in real answers (docs/tokens.md)."""
         probe = [
             item
             for item in items
@@ -156,15 +157,14 @@ class Rebuilder:
             and item.reply.thinking
             and (item.reply.content or item.reply.tool_calls)
             and item.reply.billed_completion is not None
-        ][:STOP_PROBE]
+        ][:PROBE_REPLIES]
         stripping = replace(profile, whitespace=("rstrip",))
-        missed = rescued = 0
+        rescued = 0
         for item in probe:
-            pieces = item.pieces or PieceCache(self.target)
+            pieces = item.pieces = item.pieces or PieceCache(self.target)
             billed = item.reply.billed_completion
             if select(self._variants(item, profile, pieces), billed, profile.stop_billed).method in FITTING:
                 continue
-            missed += 1
             fits = select(self._variants(item, stripping, pieces), billed, profile.stop_billed).method
             rescued += fits in FITTING
         if rescued >= max(RSTRIP_RESCUED * len(probe), 3):

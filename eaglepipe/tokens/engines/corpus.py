@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.emulator.kimi_synthetic import TrueSample, sample_request
+from eaglepipe.emulator.kimi_synthetic import TrueSample, sample_record
+from eaglepipe.emulator.text_like import EngineReply
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.tokenizer import TargetTokenizer
 
@@ -32,7 +33,7 @@ class Engine:
     name: str
     python: Path  # the interpreter of the engine's own environment
     side: Path  # the script run by it
-    path: tuple[Path, ...]  # PYTHONPATH entries before the repository (import-only stand-ins)
+    pythonpath: tuple[Path, ...]  # entries before the repository (import-only stand-ins)
     make_target: str
 
 
@@ -91,7 +92,7 @@ def engine_input(tokenizer: TargetTokenizer, sample: TrueSample) -> dict[str, An
 def run_engine(engine: Engine, model_dir: Path, inputs: Path, out: Path) -> list[dict[str, Any]]:
     if not engine.python.exists():
         raise EngineMissing(f"{engine.python} is missing: run `make {engine.make_target}`")
-    path = [str(p) for p in (*engine.path, REPO)]
+    path = [str(p) for p in (*engine.pythonpath, REPO)]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(path),
@@ -107,7 +108,10 @@ def run_engine(engine: Engine, model_dir: Path, inputs: Path, out: Path) -> list
         check=False,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"{engine.name} side failed ({result.returncode}):\n{result.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{engine.side.name} failed in {engine.python} (exit {result.returncode}); if its environment is "
+            f"stale, rebuild it with `make {engine.make_target}`. Its last output:\n{result.stderr[-4000:]}"
+        )
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -127,30 +131,21 @@ def engine_corpus(
 
 def engine_record(sample: TrueSample, reply: dict[str, Any], *, with_ids: bool = False) -> dict[str, Any]:
     """The responses.jsonl record of a provider running `reply`'s engine in its mode (`with_ids`: the
-    engine also returned the generated ids, as vLLM's `return_token_ids` does)."""
-    response: dict[str, Any] = {
-        "content": reply["content"] or "",
-        "reasoning": reply["reasoning"],
-        "tool_calls": [
+    engine also returned the generated ids, as vLLM's `return_token_ids` does), billed every id."""
+    returned = EngineReply(
+        reasoning=reply["reasoning"],
+        content=reply["content"] or "",
+        tool_calls=[
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
             for c in reply["tool_calls"]
         ],
-        "finish_reason": "stop" if sample.stopped else "length",
-    }
-    if with_ids:
-        response["token_ids"] = sample.answer_ids
-    return {
-        "prompt_id": sample.prompt["id"],
-        "request": sample_request(sample),
-        "response": response,
-        "provider": f"{reply['engine']}-{reply['mode']}" + ("-ids" if with_ids else ""),
-        "usage": {
-            "prompt_tokens": sample.prompt_lengths["typescript"],
-            "completion_tokens": len(sample.ids),
-            "reasoning_tokens": 0,
-            "cost": 0.0,
-        },
-    }
+        finish_reason="stop" if sample.stopped else "length",
+        completion_tokens=len(sample.ids),
+        token_ids=sample.answer_ids if with_ids else None,
+        logprobs=None,
+    )
+    provider = f"{reply['engine']}-{reply['mode']}" + ("-ids" if with_ids else "")
+    return sample_record(sample, returned, provider, sample.prompt_lengths["typescript"])
 
 
 def main() -> None:

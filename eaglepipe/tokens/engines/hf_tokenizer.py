@@ -23,7 +23,7 @@ from typing import Any
 from transformers import PreTrainedTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from eaglepipe.target.kimi_tokenizer import KimiTokenizer, read_ranks
+from eaglepipe.target.kimi_tokenizer import KimiTokenizer
 
 # Moonshot's default `additional_special_tokens`: the chat markers its class registers as special.
 CHAT_MARKERS = (
@@ -52,12 +52,12 @@ class TikTokenTokenizer(PreTrainedTokenizer):
         unk_token: Any = None,
         pad_token: Any = None,
         additional_special_tokens: list[str] | None = None,
-        added_tokens_decoder: dict[int, Any] | None = None,
+        added_tokens_decoder: dict[int, Any] | None = None,  # taken, never passed on: Moonshot's contract
         **kwargs: Any,
     ) -> None:
-        names = {int(i): str(token) for i, token in (added_tokens_decoder or {}).items()}
         self.vocab_file = vocab_file
-        self.kimi = KimiTokenizer(read_ranks(Path(vocab_file)), names, str(Path(vocab_file).parent))
+        # The special names come from the same tokenizer_config.json, read and checked by eaglepipe's loader.
+        self.kimi = KimiTokenizer.from_dir(Path(vocab_file).parent)
         symbol = bytes_to_unicode()
         self.byte_of = {char: byte for byte, char in symbol.items()}
         self.token_of = [
