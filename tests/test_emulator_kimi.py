@@ -24,6 +24,10 @@ from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text_like import SECTION_BEGIN, SWITCHES, EngineReply, engine_reply
 from eaglepipe.openrouter.replies import read_reply, read_streamed_reply
+from eaglepipe.tokens.methods import Method
+from eaglepipe.tokens.probe import usability_probe
+from eaglepipe.tokens.rebuild import Rebuilder
+from eaglepipe.tokens.target import Target
 
 MODEL = "moonshotai/kimi-k2.5"
 COUNT, SEED = 24, 3
@@ -245,3 +249,31 @@ def test_a_conversation_outside_the_corpus_is_refused(url: str, corpus) -> None:
         refused = http.post("/chat/completions", json=body)
     assert refused.status_code == 400
     assert "not in the emulator's Kimi corpus" in refused.json()["error"]["message"]
+
+
+def test_the_probe_sees_leaked_markers_and_the_bill_sees_dropped_text(
+    kimi, kimi_dir, corpus, records
+) -> None:
+    """The usability probe (the token stage's structural check) flags a parser that leaks its tool section
+    into the content. It cannot see content a parser dropped, since what is left is well formed; the bill
+    can: the rebuilt answer is shorter than the ids billed, so the token stage drops it as off by k."""
+    probe = usability_probe(kimi_dir)
+    rebuilder = Rebuilder(Target(kimi))
+    with_text_before_calls = [
+        i
+        for i, s in enumerate(corpus)
+        if (reply := offline(kimi, s, "vllm")).tool_calls and reply.content.strip() and s.stopped
+    ]
+    assert with_text_before_calls
+    for index in with_text_before_calls:
+        sample = corpus[index]
+        for stream in (False, True):
+            leaked, dropped, sound = (
+                {**records[index, tag, stream], "prompt_id": sample.prompt["id"], "request": {"model": MODEL}}
+                for tag in ("leaks-markers", "drops-text", "vllm")
+            )
+            assert (probe(sample.prompt, leaked) or "").startswith("marker_text_in_reply"), index
+            assert probe(sample.prompt, dropped) == probe(sample.prompt, sound), index
+            rebuilt = rebuilder.rebuild({sample.prompt["id"]: sample.prompt}, [dropped], "drops-text")
+            assert rebuilt.samples[0].method is Method.REBUILT_OFF_BY_K, index
+            assert rebuilt.samples[0].billed_diff < 0, index

@@ -2,19 +2,22 @@
 
 The emulator builds the seeded corpus (kimi_synthetic.kimi_corpus) with the Kimi-layout tokenizer in DIR
 and answers a conversation (messages and tools) of one of its samples with that sample's true ids, at
-synthetic mode's pace; a conversation outside the corpus gets a 400, so a test that asks the wrong prompt
-fails at once. Each endpoint's `habits` (providers.ReplyHabits) decide what the client sees: the engine
-switch's reasoning, content and tool calls (text_like.engine_reply), where the reasoning goes, the
-tool-call ids and streamed indexes, and a tool parser that loses or leaks text. Usage bills the true ids,
-so the token stage's rebuild can be checked against ground truth after a real HTTP run.
+synthetic mode's pace. Conversations are matched as the model reads them, by their rendered prompt (Kimi's
+template, tools declared in TypeScript): a key the template ignores, such as the reasoning of a finished
+turn (which the prompt stage drops), changes nothing. A conversation outside the corpus gets a 400, so a
+test that asks the wrong prompt fails at once.
 
-The prompt's ids (and so its bill) are the sample's own rendering (thinking as the sample was generated,
-tools declared in TypeScript), whatever the endpoint and whatever the request's `reasoning` says.
+Each endpoint's `habits` (providers.ReplyHabits) decide what the client sees: the engine switch's
+reasoning, content and tool calls (text_like.engine_reply), where the reasoning goes, the tool-call ids
+and streamed indexes, and a tool parser that loses or leaks text. Usage bills the true ids, so the token
+stage's rebuild can be checked against ground truth after a real HTTP run.
+
+The prompt's ids (and so its bill) are the sample's own rendering (thinking as the sample was generated),
+whatever the endpoint and whatever the request's `reasoning` says.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 from dataclasses import replace
@@ -22,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from eaglepipe.emulator.backend import GeneratedToken, GenerationRequest
-from eaglepipe.emulator.chat_request import parse_chat_request
 from eaglepipe.emulator.completion import Completion
 from eaglepipe.emulator.errors import ApiError, EmulatorError
 from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
@@ -41,9 +43,15 @@ from eaglepipe.target.tokenizer import TargetTokenizer, load_target_tokenizer
 PIECE_CHARS = 16  # characters of reasoning, content or arguments per streamed delta
 
 
-def conversation_key(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    """The conversation as the app has checked it (parse_chat_request), in one canonical string."""
-    return json.dumps({"messages": messages, "tools": tools or None}, sort_keys=True, ensure_ascii=False)
+def rendered_prompt(
+    tokenizer: TargetTokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    thinking: bool,
+) -> tuple[int, ...]:
+    """The prompt's ids as the corpus renders them (tools declared in TypeScript)."""
+    ids = kimi_chat.prompt_ids(tokenizer, messages, tools, thinking=thinking, tool_format="typescript")
+    return tuple(ids)
 
 
 def served_ids(sample: TrueSample, max_tokens: int) -> tuple[list[int], bool]:
@@ -53,31 +61,19 @@ def served_ids(sample: TrueSample, max_tokens: int) -> tuple[list[int], bool]:
 
 
 class KimiCorpus:
-    """The corpus, indexed by conversation (for requests) and by prompt ids (for the engine)."""
+    """The corpus, indexed by its samples' rendered prompts."""
 
     def __init__(self, tokenizer: TargetTokenizer, samples: list[TrueSample], seed: int) -> None:
         self.tokenizer = tokenizer
         self.markers = kimi_chat.Markers.of(tokenizer)
         self.seed = seed
         self.samples = samples
-        self.by_conversation: dict[str, TrueSample] = {}
-        self.prompt_of: dict[str, list[int]] = {}
         self.by_prompt: dict[tuple[int, ...], TrueSample] = {}
         for sample in samples:
-            checked = parse_chat_request({"model": "-", **sample.prompt})
-            key = conversation_key(checked.messages, checked.tools)
-            ids = kimi_chat.prompt_ids(
-                tokenizer,
-                sample.prompt["messages"],
-                sample.prompt.get("tools"),
-                thinking=sample.thinking,
-                tool_format="typescript",
+            prompt = rendered_prompt(
+                tokenizer, sample.prompt["messages"], sample.prompt.get("tools"), sample.thinking
             )
-            if key in self.by_conversation or tuple(ids) in self.by_prompt:
-                continue  # a repeated conversation keeps its first answer
-            self.by_conversation[key] = sample
-            self.prompt_of[key] = ids
-            self.by_prompt[tuple(ids)] = sample
+            self.by_prompt.setdefault(prompt, sample)  # a repeated conversation keeps its first answer
 
     @classmethod
     def build(cls, directory: Path, count: int, seed: int) -> KimiCorpus:
@@ -102,15 +98,17 @@ class KimiText:
         self.corpus = corpus
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        ids = self.corpus.prompt_of.get(conversation_key(messages, tools))
-        if ids is None:
-            raise ApiError(
-                400,
-                f"this conversation is not in the emulator's Kimi corpus ({len(self.corpus.samples)} "
-                f"samples, seed {self.corpus.seed}); send the messages and tools of one of its samples",
-                "invalid_request",
-            )
-        return ids
+        """The sample's prompt, rendered as a thinking turn or else as an instant one."""
+        for thinking in (True, False):
+            ids = rendered_prompt(self.corpus.tokenizer, messages, tools, thinking)
+            if ids in self.corpus.by_prompt:
+                return list(ids)
+        raise ApiError(
+            400,
+            f"this conversation is not in the emulator's Kimi corpus ({len(self.corpus.samples)} "
+            f"samples, seed {self.corpus.seed}); send the messages and tools of one of its samples",
+            "invalid_request",
+        )
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.corpus.tokenizer.token_bytes(token_id)
