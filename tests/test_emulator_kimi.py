@@ -19,8 +19,12 @@ import httpx
 import pytest
 import yaml
 
+from eaglepipe.emulator.__main__ import parse_args
 from eaglepipe.emulator.api_schemas import validate
+from eaglepipe.emulator.errors import EmulatorError
+from eaglepipe.emulator.kimi_mode import KimiCorpus
 from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
+from eaglepipe.emulator.providers import load_endpoints
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text_like import SECTION_BEGIN, SWITCHES, EngineReply, engine_reply
 from eaglepipe.openrouter.replies import read_reply, read_streamed_reply
@@ -277,3 +281,38 @@ def test_the_probe_sees_leaked_markers_and_the_bill_sees_dropped_text(
             rebuilt = rebuilder.rebuild({sample.prompt["id"]: sample.prompt}, [dropped], "drops-text")
             assert rebuilt.samples[0].method is Method.REBUILT_OFF_BY_K, index
             assert rebuilt.samples[0].billed_diff < 0, index
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model-dir", "m", "--kimi-corpus", "k"], "--kimi-corpus applies only with --synthetic"),
+        (["--synthetic", "--kimi-corpus", "k", "--kimi-count", "0"], "--kimi-count must be at least 1"),
+    ],
+)
+def test_the_command_line_takes_kimi_mode_only_with_synthetic(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("habits", "message"),
+    [
+        ({"tool_index": "one"}, "habits.tool_index 'one' is not one of proper, zero"),
+        ({"text_like": "tgi"}, "habits.text_like 'tgi' is not one of vllm, exact"),
+        ({"accent": "x"}, "unknown habit 'accent'"),
+        ("vllm", "'habits' must be an object"),
+    ],
+)
+def test_an_endpoint_table_with_a_bad_habit_is_named(tmp_path: Path, habits: Any, message: str) -> None:
+    (tmp_path / "endpoints.yaml").write_text(yaml.safe_dump(endpoints_config({"p": habits})))
+    with pytest.raises(EmulatorError) as caught:
+        load_endpoints(tmp_path / "endpoints.yaml", MODEL, 1000)
+    assert str(caught.value).startswith(f"{tmp_path / 'endpoints.yaml'}: endpoints[0]: ")
+    assert message in str(caught.value)
+
+
+def test_a_tokenizer_directory_without_kimi_layout_is_named(tmp_path: Path) -> None:
+    with pytest.raises(EmulatorError, match="not a Kimi-layout tokenizer directory"):
+        KimiCorpus.build(tmp_path, 2, 0)
