@@ -286,14 +286,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         generation_delay_s=args.generation_delay_s,
         replies=replies,
     )
+    if args.kimi_corpus is not None:
+        source = f"the Kimi corpus ({args.kimi_count} samples, seed {args.kimi_seed})"
+    elif args.synthetic:
+        source = "synthetic answers"
+    else:
+        source = f"{args.model_dir} (max batch {args.max_batch}, text like {args.text_like or 'exact'})"
     log.info(
         "serving %s from %s: %d endpoints%s%s",
         args.model_id,
-        f"the Kimi corpus ({args.kimi_count} samples, seed {args.kimi_seed})"
-        if args.kimi_corpus
-        else "synthetic answers"
-        if args.synthetic
-        else (f"{args.model_dir} (max batch {args.max_batch}, text like {args.text_like or 'exact'})"),
+        source,
         len(endpoints),
         f", faults from {args.faults}" if args.faults else "",
         ", key required" if api_key else "",

@@ -533,9 +533,10 @@ class Emulator:
         fault, endpoint = self._fault_for(chat, endpoint)
         if fault.kind in ("status", "burst"):
             raise fault.api_error()
-        worst_case = len(generation.prompt_ids) * endpoint.price(
-            "prompt"
-        ) + generation.max_tokens * endpoint.price("completion")
+        worst_case = (
+            len(generation.prompt_ids) * endpoint.price("prompt")
+            + generation.max_tokens * endpoint.price("completion")
+        )
         reserved = self.ledger.reserve(worst_case, generation.max_tokens)
         try:
             response = await self._answer(chat, endpoint, generation, fault)
