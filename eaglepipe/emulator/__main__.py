@@ -1,9 +1,10 @@
 """`python -m eaglepipe.emulator --model-dir DIR | --synthetic`: OpenRouter's API on loopback.
 
 `--model-dir` serves the local model; `--synthetic` serves made-up answers at a provider's pace with no
-model at all (torch is never imported), to rehearse thousands of requests in flight. The port file is
-written (atomically) only once the server is listening, so whoever waits for it can send requests at
-once; it is removed again on a clean shutdown.
+model at all (torch is never imported), to rehearse thousands of requests in flight; `--synthetic
+--kimi-corpus DIR` serves the offline Kimi corpus with each endpoint's reply habits (kimi_mode.py). The
+port file is written (atomically) only once the server is listening, so whoever waits for it can send
+requests at once; it is removed again on a clean shutdown.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import uvicorn
 
 from eaglepipe.emulator.app import Emulator, build_app, hide_injected_resets
-from eaglepipe.emulator.backend import TokenEngine, TokenText
+from eaglepipe.emulator.backend import PromptText, ReplyShape, TokenEngine, TokenText
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.faults import load_faults
 from eaglepipe.emulator.providers import load_endpoints
@@ -104,6 +105,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     synthetic.add_argument("--latency-s", type=float, help="seconds to the first token (0.2)")
     synthetic.add_argument("--context-length", type=int, help="the model's context length (262144)")
     synthetic.add_argument("--seed", type=int, help="seed of the answers (default: a new one each start)")
+    kimi = parser.add_argument_group("Kimi mode (with --synthetic; endpoints' `habits` shape the answers)")
+    kimi.add_argument(
+        "--kimi-corpus",
+        type=Path,
+        metavar="DIR",
+        help="answer from the offline Kimi corpus built with the Kimi-layout tokenizer in DIR",
+    )
+    kimi.add_argument("--kimi-count", type=int, default=200, help="samples in the corpus (200)")
+    kimi.add_argument("--kimi-seed", type=int, default=0, help="seed of the corpus (0)")
     args = parser.parse_args(argv)
     if args.model_id.count("/") != 1:
         parser.error("--model-id must look like author/slug")
@@ -114,6 +124,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     given = [name for name in [*SYNTHETIC_OPTIONS, "seed"] if getattr(args, name) is not None]
     if args.model_dir is not None and given:
         parser.error(f"--{given[0].replace('_', '-')} applies only with --synthetic")
+    if args.kimi_corpus is not None and not args.synthetic:
+        parser.error("--kimi-corpus applies only with --synthetic")
+    if args.kimi_count < 1:
+        parser.error("--kimi-count must be at least 1")
     if args.synthetic and args.text_like is not None:
         parser.error("--text-like applies only with --model-dir (synthetic words have no special tokens)")
     for name, (default, lowest) in SYNTHETIC_OPTIONS.items():
@@ -227,6 +241,16 @@ def _synthetic_backend(args: argparse.Namespace) -> tuple[TokenEngine, TokenText
     return engine, WordText()
 
 
+def _kimi_backend(args: argparse.Namespace) -> tuple[TokenEngine, PromptText, ReplyShape]:
+    """Kimi mode; the corpus is built (seconds for a few hundred samples) before the port is bound."""
+    from eaglepipe.emulator.kimi_mode import KimiCorpus, KimiEngine, KimiReplies, KimiText
+    from eaglepipe.emulator.synthetic import Pace
+
+    corpus = KimiCorpus.build(args.kimi_corpus, args.kimi_count, args.kimi_seed)
+    engine = KimiEngine(corpus, Pace(latency_s=args.latency_s, tokens_per_s=args.tokens_per_s))
+    return engine, KimiText(corpus), KimiReplies(corpus)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -237,12 +261,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults = load_faults(args.faults, args.fault_seed)
         context_length = args.context_length if args.synthetic else _context_length(args.model_dir)
         endpoints = load_endpoints(args.config, args.model_id, context_length)
+        replies: ReplyShape | None = None
+        if args.kimi_corpus is not None:
+            engine, text, replies = _kimi_backend(args)
         sock = _bind(args.host, args.port)
     except EmulatorError as exc:
         print(f"emulator: {exc}", file=sys.stderr)
         return 2
     _allow_many_connections()
-    engine, text = _synthetic_backend(args) if args.synthetic else _model_backend(args)
+    if replies is None:
+        engine, text = _synthetic_backend(args) if args.synthetic else _model_backend(args)
     emulator = Emulator(
         engine,
         text,
@@ -256,13 +284,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults=faults,
         tokens_per_event=args.tokens_per_event,
         generation_delay_s=args.generation_delay_s,
+        replies=replies,
     )
+    if args.kimi_corpus is not None:
+        source = f"the Kimi corpus ({args.kimi_count} samples, seed {args.kimi_seed})"
+    elif args.synthetic:
+        source = "synthetic answers"
+    else:
+        source = f"{args.model_dir} (max batch {args.max_batch}, text like {args.text_like or 'exact'})"
     log.info(
         "serving %s from %s: %d endpoints%s%s",
         args.model_id,
-        "synthetic answers" if args.synthetic else (
-            f"{args.model_dir} (max batch {args.max_batch}, text like {args.text_like or 'exact'})"
-        ),
+        source,
         len(endpoints),
         f", faults from {args.faults}" if args.faults else "",
         ", key required" if api_key else "",

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -30,7 +30,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from eaglepipe.emulator.backend import EngineError, GeneratedToken, GenerationRequest, TokenEngine, TokenText
+from eaglepipe.emulator.backend import (
+    EngineError,
+    GeneratedToken,
+    GenerationRequest,
+    PromptText,
+    ReplyShape,
+    TextReplies,
+    TokenEngine,
+    TokenText,
+)
 from eaglepipe.emulator.chat_request import ChatRequest, parse_chat_request
 from eaglepipe.emulator.completion import Completion, logprobs_body
 from eaglepipe.emulator.errors import ApiError
@@ -215,12 +224,13 @@ def _error(exc: ApiError) -> JSONResponse:
 
 
 class Emulator:
-    """One served model: its endpoint table, engine, text side, billing, faults and (optional) key."""
+    """One served model: its endpoint table, engine, text side, billing, faults and (optional) key.
+    `replies` shapes answers (default: plain text decoded by `text`; Kimi mode: per-endpoint habits)."""
 
     def __init__(
         self,
         engine: TokenEngine,
-        text: TokenText,
+        text: PromptText,
         endpoints: Sequence[Endpoint],
         *,
         model_id: str,
@@ -232,9 +242,11 @@ class Emulator:
         faults: FaultPlan | None = None,
         tokens_per_event: int = 1,
         generation_delay_s: float = 0.0,
+        replies: ReplyShape | None = None,
     ) -> None:
         self.engine = engine
         self.text = text
+        self.replies = replies if replies is not None else TextReplies(cast(TokenText, text))
         self.endpoints = list(endpoints)
         self.model_id = model_id
         self.context_length = context_length
@@ -449,6 +461,8 @@ class Emulator:
         self.ledger.check_key_limit()
         try:
             prompt_ids = self.text.prompt_ids(chat.messages, chat.tools)
+        except ApiError:  # the text side's own answer (Kimi mode: a conversation it has no answer for)
+            raise
         except Exception as exc:  # a template error on odd messages is the client's to fix
             raise ApiError(
                 400, f"messages cannot be rendered by the model's chat template: {exc}", "invalid_prompt"
@@ -603,33 +617,36 @@ class Emulator:
             if answer.generation.top_logprobs is not None
             else None
         )
-        content = self.text.decode(completion.completion_ids)
-        return JSONResponse(completion.body(content, logprobs, answer.chat.return_token_ids), headers=headers)
+        message = self.replies.message(completion)
+        with_token_ids = answer.chat.return_token_ids and self.replies.returns_token_ids(completion.endpoint)
+        return JSONResponse(completion.body(message, logprobs, with_token_ids), headers=headers)
 
     async def _events(self, answer: _Answer) -> AsyncIterator[str]:
         """The SSE events of a streamed answer, `event_tokens` tokens per content chunk."""
         chat, completion, generation = answer.chat, answer.completion, answer.generation
-        decoder = self.text.decoder()
+        deltas = self.replies.deltas(completion, generation)
+        with_token_ids = chat.return_token_ids and self.replies.returns_token_ids(completion.endpoint)
         chunks_sent = 0
 
         def event(chunk: dict[str, Any]) -> str:
             nonlocal chunks_sent
-            if chat.return_token_ids and chunks_sent == 0:
+            if with_token_ids and chunks_sent == 0:
                 chunk["prompt_token_ids"] = completion.prompt_ids
             chunks_sent += 1
             return _sse(chunk)
 
         def content(tokens: list[GeneratedToken]) -> str:
+            """The group's deltas, its ids and logprobs on the first (a group without deltas still sends
+            one chunk for them)."""
             logprobs = (
                 logprobs_body(tokens, self.text.token_bytes) if generation.top_logprobs is not None else None
             )
-            return event(
-                completion.chunk(
-                    "".join([decoder.push(t.token_id) for t in tokens]),
-                    logprobs=logprobs,
-                    token_ids=[t.token_id for t in tokens] if chat.return_token_ids else None,
-                )
+            ids = [t.token_id for t in tokens]
+            first, *rest = deltas.push(ids) or [{"content": ""}]
+            head = event(
+                completion.chunk(first, logprobs=logprobs, token_ids=ids if with_token_ids else None)
             )
+            return head + "".join(event(completion.chunk(delta)) for delta in rest)
 
         yield PROCESSING
         group: list[GeneratedToken] = []
@@ -648,7 +665,10 @@ class Emulator:
             if answer.fails_after is not None:  # the answer ended before the planned failure
                 raise _injected_failure()
             completion.complete = True
-            yield event(completion.chunk(decoder.flush(), finish=True))
+            *rest, last = deltas.flush() or [{"content": ""}]
+            for delta in rest:
+                yield event(completion.chunk(delta))
+            yield event(completion.chunk(last, finish=True))
             yield _sse(completion.usage_chunk())
         except (EngineError, ApiError) as exc:
             error = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), "server")

@@ -1,14 +1,21 @@
 """What the HTTP side needs from whatever produces the answers, with no torch or tokenizer behind it.
 
 Model mode (engine.Engine and text.TokenizerText) and synthetic mode (synthetic.SyntheticEngine and
-synthetic.WordText) each provide an engine and a text side, so both are served by one HTTP code path.
+synthetic.WordText) each provide an engine and a text side, so both are served by one HTTP code path. A
+`ReplyShape` turns an answer's ids into the assistant message and its stream deltas: plain text for those
+two (`TextReplies`), reasoning and tool calls as each endpoint's provider returns them in Kimi mode
+(kimi_mode.KimiReplies).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from eaglepipe.emulator.completion import Completion
+    from eaglepipe.emulator.providers import Endpoint
 
 
 @dataclass(frozen=True)
@@ -63,13 +70,65 @@ class Decoder(Protocol):
     def flush(self) -> str: ...
 
 
-class TokenText(Protocol):
-    """Messages to prompt ids and ids to text, the way the served model's tokenizer would."""
+class PromptText(Protocol):
+    """Messages to prompt ids, and a token's bytes (for logprobs): what the app itself asks of a text side."""
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+
+class TokenText(PromptText, Protocol):
+    """Also ids to text, the way the served model's tokenizer would (what `TextReplies` returns)."""
 
     def decode(self, ids: list[int]) -> str: ...
 
     def decoder(self) -> Decoder: ...
 
-    def token_bytes(self, token_id: int) -> bytes: ...
+
+class DeltaStream(Protocol):
+    """A streamed answer's deltas (`delta` objects without `role`), released as its ids arrive."""
+
+    def push(self, ids: list[int]) -> list[dict[str, Any]]: ...
+
+    def flush(self) -> list[dict[str, Any]]: ...
+
+
+class ReplyShape(Protocol):
+    """What a provider makes of an answer's ids: the message's fields and the stream's deltas. Either may
+    mark the completion as one that ends in tool calls (its finish reason then says so)."""
+
+    def message(self, completion: Completion) -> dict[str, Any]: ...
+
+    def deltas(self, completion: Completion, generation: GenerationRequest) -> DeltaStream: ...
+
+    def returns_token_ids(self, endpoint: Endpoint) -> bool: ...
+
+
+class _TextDeltas:
+    """One content delta per group of ids, however many characters it holds (possibly none)."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder = decoder
+
+    def push(self, ids: list[int]) -> list[dict[str, Any]]:
+        return [{"content": "".join([self.decoder.push(i) for i in ids])}]
+
+    def flush(self) -> list[dict[str, Any]]:
+        return [{"content": self.decoder.flush()}]
+
+
+class TextReplies:
+    """Answers as plain content, the text side's decoding of the ids (model and synthetic modes)."""
+
+    def __init__(self, text: TokenText) -> None:
+        self.text = text
+
+    def message(self, completion: Completion) -> dict[str, Any]:
+        return {"content": self.text.decode(completion.completion_ids)}
+
+    def deltas(self, completion: Completion, generation: GenerationRequest) -> DeltaStream:
+        return _TextDeltas(self.text.decoder())
+
+    def returns_token_ids(self, endpoint: Endpoint) -> bool:
+        return True

@@ -22,7 +22,8 @@ class Completion:
     """One request's generation; its counts follow the endpoint's billing convention.
 
     `complete`: the engine produced the whole answer; `cancelled`: the client left before its end
-    (both hold for a provider that cannot cancel); `failed`: it ended in an error.
+    (both hold for a provider that cannot cancel); `failed`: it ended in an error; `calls_tools`: the
+    provider returned tool calls, so a stop is reported as `tool_calls`.
     """
 
     model_id: str
@@ -39,6 +40,7 @@ class Completion:
     complete: bool = False
     cancelled: bool = False
     failed: bool = False
+    calls_tools: bool = False
 
     def add(self, token: GeneratedToken) -> None:
         if self.first_token_s is None:
@@ -64,7 +66,9 @@ class Completion:
             return "error"
         if not self.complete and not self.stopped:
             return None
-        return "stop" if self.stopped else "length"
+        if not self.stopped:
+            return "length"
+        return "tool_calls" if self.calls_tools else "stop"
 
     @property
     def prompt_tokens(self) -> int:
@@ -117,14 +121,16 @@ class Completion:
         # none at all. The emulator has no fingerprint to give.
         return {**header, "system_fingerprint": None} if obj == "chat.completion" else header
 
-    def body(self, content: str, logprobs: dict[str, Any] | None, with_token_ids: bool) -> dict[str, Any]:
-        """The non-streamed `/chat/completions` answer."""
+    def body(
+        self, message: dict[str, Any], logprobs: dict[str, Any] | None, with_token_ids: bool
+    ) -> dict[str, Any]:
+        """The non-streamed `/chat/completions` answer; `message` holds the assistant message's fields."""
         choice: dict[str, Any] = {
             "index": 0,
             "logprobs": logprobs,
             "finish_reason": self.finish_reason,
             "native_finish_reason": self.finish_reason,
-            "message": {"role": "assistant", "content": content, "refusal": None, "reasoning": None},
+            "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None, **message},
         }
         body = {**self.header("chat.completion"), "choices": [choice], "usage": self.usage()}
         if with_token_ids:
@@ -134,17 +140,18 @@ class Completion:
 
     def chunk(
         self,
-        delta: str,
+        delta: dict[str, Any],
         *,
         finish: bool = False,
         logprobs: dict[str, Any] | None = None,
         token_ids: list[int] | None = None,
     ) -> dict[str, Any]:
-        """One streamed chunk carrying `delta`; `finish` marks the last one with content."""
+        """One streamed chunk carrying `delta` (content, reasoning, tool-call fragments); `finish` marks the
+        last one."""
         reason = self.finish_reason if finish else None
         choice: dict[str, Any] = {
             "index": 0,
-            "delta": {"role": "assistant", "content": delta},
+            "delta": {"role": "assistant", **delta},
             "finish_reason": reason,
             "native_finish_reason": reason,
             "logprobs": logprobs,

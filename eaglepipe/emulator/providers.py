@@ -2,12 +2,13 @@
 
 The default mimics what OpenRouter lists for a popular open model: one model served by several providers
 at different quantizations and prices, one of them down, some uptimes unknown. A `--config` file
-(YAML or JSON, `{"endpoints": [...]}`) replaces it to rehearse a particular situation.
+(YAML or JSON, `{"endpoints": [...]}`) replaces it to rehearse a particular situation. In Kimi mode an
+endpoint's `habits` say how its provider returns reasoning and tool calls (`ReplyHabits`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import yaml
 
 from eaglepipe.emulator.errors import EmulatorError
+from eaglepipe.emulator.text_like import SWITCHES
 
 # What an endpoint may list in `supported_parameters`; a request parameter it lacks is silently ignored.
 FULL_PARAMETERS = [
@@ -54,7 +56,51 @@ DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
 ]
 # fmt: on
 
-_EMULATOR_ONLY_KEYS = {"bills_stop_token"}
+_EMULATOR_ONLY_KEYS = {"bills_stop_token", "habits"}
+
+# Each habit's choices, the default first.
+HABIT_CHOICES: dict[str, tuple[str, ...]] = {
+    "text_like": ("vllm", *(name for name in SWITCHES if name != "vllm")),
+    "reasoning_field": ("reasoning", "details_only"),
+    "tool_ids": ("engine", "call_random", "renumbered"),
+    "tool_index": ("proper", "zero"),
+    "tool_parser": ("sound", "drops_text", "leaks_markers"),
+}
+
+
+@dataclass(frozen=True)
+class ReplyHabits:
+    """How an endpoint's provider returns a Kimi answer (Kimi mode; the other modes send plain content).
+
+    `text_like`: the engine switch (text_like.py) that turns the ids into reasoning, content and tool calls.
+    `reasoning_field`: `reasoning` sends the reasoning in `reasoning` and `reasoning_details`,
+    `details_only` only as `reasoning.text` items of `reasoning_details`. `tool_ids`: the engine's ids,
+    `call_<random>` ids, or `functions.NAME:N` renumbered from 0 in each answer. `tool_index`: streamed
+    calls at their own `index`, or all at index 0 each with its own id. `tool_parser`: `drops_text` loses
+    the content before a tool section, `leaks_markers` leaves the section's raw text in the content (both
+    seen with Kimi parsers in public vLLM issues).
+    """
+
+    text_like: str = "vllm"
+    reasoning_field: str = "reasoning"
+    tool_ids: str = "engine"
+    tool_index: str = "proper"
+    tool_parser: str = "sound"
+
+
+def _habits(value: Any, where: str) -> ReplyHabits:
+    if not isinstance(value, dict):
+        raise EmulatorError(f"{where}: 'habits' must be an object of {', '.join(HABIT_CHOICES)}")
+    for name, choice in value.items():
+        if name not in HABIT_CHOICES:
+            raise EmulatorError(f"{where}: unknown habit {name!r} (known: {', '.join(HABIT_CHOICES)})")
+        if choice not in HABIT_CHOICES[name]:
+            raise EmulatorError(
+                f"{where}: habits.{name} {choice!r} is not one of {', '.join(HABIT_CHOICES[name])}"
+            )
+    return ReplyHabits(**value)
+
+
 _PUBLIC_KEYS = {
     "name",
     "model_id",
@@ -83,6 +129,7 @@ class Endpoint:
 
     public: dict[str, Any]
     bills_stop_token: bool = True
+    habits: ReplyHabits = field(default_factory=ReplyHabits)
 
     @property
     def tag(self) -> str:
@@ -123,7 +170,7 @@ def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: st
     if unknown:
         raise EmulatorError(
             f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_PUBLIC_KEYS))}, "
-            "bills_stop_token)"
+            "bills_stop_token, habits)"
         )
     for key in ("provider_name", "tag", "quantization", "pricing"):
         if key not in entry:
@@ -137,6 +184,7 @@ def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: st
     bills_stop_token = entry.pop("bills_stop_token", True)
     if not isinstance(bills_stop_token, bool):
         raise EmulatorError(f"{where}: 'bills_stop_token' must be true or false")
+    habits = _habits(entry.pop("habits", {}), where)
     public = {
         "name": f"{entry['provider_name']} | {model_id}",
         "model_id": model_id,
@@ -156,7 +204,7 @@ def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: st
     }
     if not isinstance(public["status"], int) or public["status"] > 0:
         raise EmulatorError(f"{where}: 'status' must be 0 (normal) or a negative integer (degraded/down)")
-    return Endpoint(public=public, bills_stop_token=bills_stop_token)
+    return Endpoint(public=public, bills_stop_token=bills_stop_token, habits=habits)
 
 
 def load_endpoints(config_path: Path | None, model_id: str, context_length: int) -> list[Endpoint]:
