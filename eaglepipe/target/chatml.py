@@ -1,5 +1,5 @@
-"""The HF-template targets (SmolLM2's ChatML) behind the same `prompt_ids` / `completion_segments` surface as
-`kimi_chat`, so the token stage can treat both alike; the rendering itself stays `eaglepipe.target.chat`'s."""
+"""The HF-template targets (SmolLM2's ChatML) with the same `prompt_ids` / `completion_segments` surface as
+`kimi_chat`, for `chat_format.TemplateChatFormat`; the rendering itself stays `eaglepipe.target.chat`'s."""
 
 from __future__ import annotations
 
