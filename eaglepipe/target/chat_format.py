@@ -82,7 +82,8 @@ class ChatFormat(Protocol):
         thinking: bool,
         tool_format: ToolFormat,
     ) -> list[int]:
-        """Everything the target reads before it answers, ending with the generation prompt."""
+        """Everything the target reads before it answers, ending with the generation prompt; raises
+        `segments.RenderError` for a conversation or tool schema the format cannot render."""
         ...
 
     def generation_prompt(self, thinking: bool) -> list[int]:

@@ -7,10 +7,10 @@ from typing import Any
 
 from eaglepipe.target.chat import Message, normalize_messages, render_prompt_ids
 from eaglepipe.target.hf_tokenizer import HFTokenizer
-from eaglepipe.target.segments import Segment, Special, text_segment
+from eaglepipe.target.segments import RenderError, Segment, Special, text_segment
 
 
-class ChatMLError(ValueError):
+class ChatMLError(RenderError):
     """A reply an HF-template target cannot hold, in one line."""
 
 

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from eaglepipe.target.kimi_chat import KimiChatError
-from eaglepipe.target.kimi_tools import ToolDeclarationError, ToolFormat
-from eaglepipe.target.segments import Special
+from eaglepipe.target.kimi_tools import ToolFormat
+from eaglepipe.target.segments import RenderError, Special
 from eaglepipe.tokens.candidates import PieceCache, Selection, Variant, select, shape_of
 from eaglepipe.tokens.exact import ExactIds, exact_completion, ids_from_bytes
 from eaglepipe.tokens.methods import Flag, Method
@@ -302,7 +301,7 @@ class Rebuilder:
             try:
                 ids = self._render(prompt, reply, used)
                 break
-            except (KimiChatError, ToolDeclarationError) as error:
+            except RenderError as error:
                 failures.append(str(error))
         if ids is None:
             raise TokensError(f"{where}: prompt {reply.prompt_id}: {failures[0]}")
