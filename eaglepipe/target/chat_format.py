@@ -60,8 +60,8 @@ class ChatFormat(Protocol):
 
     tokenizer: TargetTokenizer
     special_ids: frozenset[int]
-    # Tool-declaration formats it can render, the configured one first when tried; empty for a template,
-    # which declares tools its own way.
+    # Tool-declaration formats it can render (the token stage tries the configured one, then these);
+    # empty for a template, which declares tools its own way.
     tool_formats: tuple[ToolFormat, ...]
     # True when a completion keeps reasoning, content and tool calls apart with special ids (Kimi); False
     # when it is one text then the stop id (ChatML).
@@ -95,7 +95,8 @@ class ChatFormat(Protocol):
         ...
 
     def tool_format_name(self, tool_format: ToolFormat) -> str:
-        """The name a prompt rendered with `tool_format` declares its tools under."""
+        """What a prompt rendered with `tool_format` declared its tools with: the format, or the template
+        (the key of `tokens.json` `prompt.tool_formats`)."""
         ...
 
     def other_tool_format_lengths(
