@@ -23,6 +23,7 @@ import regex
 
 from eaglepipe.emulator.text_like import EngineReply, EngineSwitch, engine_reply
 from eaglepipe.target import kimi_chat
+from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_layout import layout_corpus
 from eaglepipe.target.kimi_tools import ToolFormat
 from eaglepipe.target.tokenizer import TargetTokenizer
@@ -190,8 +191,9 @@ def _edge(rng: random.Random, probability: float) -> str:
 
 
 def _sample(
-    tokenizer: TargetTokenizer, rng: random.Random, index: int, splitter: _Splitter, length: int
+    chat_format: ChatFormat, rng: random.Random, index: int, splitter: _Splitter, length: int
 ) -> TrueSample:
+    tokenizer = chat_format.tokenizer
     writer = _Writer(rng)
     markers = kimi_chat.Markers.of(tokenizer)
     with_tools = rng.random() < 0.55
@@ -251,7 +253,7 @@ def _sample(
     prompt = {"messages": messages, **({"tools": tools} if tools else {})}
     prompt["id"] = hashlib.sha256(f"{index} {json.dumps(prompt, sort_keys=True)}".encode()).hexdigest()[:16]
     lengths = {
-        f: len(kimi_chat.prompt_ids(tokenizer, messages, tools, thinking=thinking, tool_format=f))
+        f: len(chat_format.prompt_ids(messages, tools, thinking=thinking, tool_format=f))
         for f in (("typescript", "json") if tools else ("typescript",))
     }
     return TrueSample(prompt, thinking, ids, stopped, history, frozenset(hazards), lengths)
@@ -329,7 +331,8 @@ def kimi_corpus(tokenizer: TargetTokenizer, count: int, seed: int = 0, length: i
     sentences in reasoning and content)."""
     rng = random.Random(seed)
     splitter = _Splitter(tokenizer)
-    return [_sample(tokenizer, rng, index, splitter, length) for index in range(count)]
+    chat_format = tokenizer.chat_format()
+    return [_sample(chat_format, rng, index, splitter, length) for index in range(count)]
 
 
 def reply_record(tokenizer: TargetTokenizer, sample: TrueSample, switch: EngineSwitch) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from typing import Any
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, engine_reply, kept_markers
-from eaglepipe.target.chat import render_prompt_ids
 from eaglepipe.target.hf_tokenizer import HFTokenizer
 
 
@@ -103,12 +102,15 @@ class TokenizerText:
         self.token_bytes = TokenBytes(tokenizer)
         self.switch = text_like
         self.target = HFTokenizer(tokenizer)
+        self.format = self.target.chat_format()
         kept = kept_markers(self.target)
-        special = {i for i in tokenizer.added_tokens_decoder if self.target.is_special(i)}
-        self.skipped = frozenset(special - kept) if text_like.skip_special_tokens else frozenset()
+        self.skipped = (
+            frozenset(self.format.special_ids - kept) if text_like.skip_special_tokens else frozenset()
+        )
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        return render_prompt_ids(self.tokenizer, messages, tools)
+        # The model's template: it cannot reason, and declares tools its own way.
+        return self.format.prompt_ids(messages, tools, thinking=False, tool_format="json")
 
     def decode(self, ids: list[int]) -> str:
         if self.switch.name == "exact":

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from eaglepipe.config import is_local_api
 from eaglepipe.hidden.storage import BYTES_PER_VALUE, STORED_LAYERS, bytes_per_token, capped_tokens
@@ -24,6 +24,9 @@ from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.openrouter.journal import tally_done
 from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import dearest_price
+
+if TYPE_CHECKING:
+    from eaglepipe.target.chat_format import ChatFormat
 
 # Bytes of a prompt's JSON (messages and tools, structure included) per input token, used when the
 # target's tokenizer is not at hand. It errs high on tokens: the demo's SmolLM2 prompts measure 3.4, and
@@ -98,23 +101,23 @@ class SpendPlan:
 
 
 class InputTokens:
-    """Counts a prompt's input tokens: with the target's tokenizer when it has a tokenizer.json (a fast
-    tokenizer: no remote code, no torch), else from its bytes. The tokenizer loads on first use only."""
+    """Counts a prompt's input tokens: through the chat template of the target's tokenizer when it has a
+    tokenizer.json (a fast tokenizer: no remote code, no torch), else from its bytes. The tokenizer loads on
+    first use only."""
 
     def __init__(self, target_dir: Path) -> None:
         self.target_dir = target_dir
         self.method: str | None = None
-        self._tokenizer: Any = None
+        self._format: ChatFormat | None = None
 
     def __call__(self, prompt: dict[str, Any]) -> int:
         if self.method is None:
-            self._tokenizer = _fast_tokenizer(self.target_dir)
-            self.method = "tokenizer" if self._tokenizer else "bytes"
-        if self._tokenizer is None:
+            self._format = _template_format(self.target_dir)
+            self.method = "tokenizer" if self._format else "bytes"
+        if self._format is None:
             return round(_prompt_bytes(prompt) / BYTES_PER_TOKEN)
-        from eaglepipe.target.chat import render_prompt_ids
-
-        return len(render_prompt_ids(self._tokenizer, prompt["messages"], prompt.get("tools")))
+        messages, tools = prompt["messages"], prompt.get("tools")
+        return len(self._format.prompt_ids(messages, tools, thinking=False, tool_format="json"))
 
 
 def spend_plan(
@@ -431,14 +434,18 @@ def _prompt_bytes(prompt: dict[str, Any]) -> int:
     return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
-def _fast_tokenizer(target_dir: Path) -> Any:
-    """The target's fast tokenizer, or None where it has none or it does not load (then bytes count)."""
+def _template_format(target_dir: Path) -> ChatFormat | None:
+    """The chat template of the target's fast tokenizer, or None where it has none or it does not load
+    (then bytes count). A template cannot reason and declares tools its own way, so the counts pass any
+    `thinking` and `tool_format`."""
     if not (target_dir / "tokenizer.json").is_file():
         return None
     try:
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(str(target_dir))
+        from eaglepipe.target.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer(PreTrainedTokenizerFast.from_pretrained(str(target_dir))).chat_format()
     except Exception:  # any failure only means the cruder estimate is used
         return None
 

@@ -1,7 +1,8 @@
 """One rendering of a conversation into the target's prompt ids, shared by every stage.
 
-The emulator (which generates), the token stage (which rebuilds ids) and the evaluation (which prompts
-the target) must render the same conversation to the same ids, so they all call `render_prompt_ids`.
+The emulator (which generates), the token stage (which rebuilds ids) and the spend plan (which counts
+prompt tokens) must render the same conversation to the same ids, so for an HF-template target they all
+reach `render_prompt_ids` through `chat_format.TemplateChatFormat`.
 Templates that know nothing of tools (SmolLM2's ChatML) get the declarations as a system turn, and
 assistant tool calls as JSON text, because such a template breaks on a `None` content.
 """

@@ -1,5 +1,5 @@
-"""The HF-template targets (SmolLM2's ChatML) behind the same `prompt_ids` / `completion_segments` surface as
-`kimi_chat`, so the token stage can treat both alike; the rendering itself stays `eaglepipe.target.chat`'s."""
+"""The HF-template targets (SmolLM2's ChatML) with the same `prompt_ids` / `completion_segments` surface as
+`kimi_chat`, for `chat_format.TemplateChatFormat`; the rendering itself stays `eaglepipe.target.chat`'s."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 from eaglepipe.target.chat import Message, normalize_messages, render_prompt_ids
 from eaglepipe.target.hf_tokenizer import HFTokenizer
-from eaglepipe.target.segments import Segment, Special, text_segment
+from eaglepipe.target.segments import RenderError, Segment, Special, text_segment
 
 
-class ChatMLError(ValueError):
+class ChatMLError(RenderError):
     """A reply an HF-template target cannot hold, in one line."""
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
-from typing import Any
+from functools import cache, cached_property
+from typing import TYPE_CHECKING, Any
 
 from eaglepipe.target.chat import stop_token_id
 from eaglepipe.target.tokenizer import TokenizerError
+
+if TYPE_CHECKING:
+    from eaglepipe.target.chat_format import TemplateChatFormat
 
 
 @cache
@@ -29,15 +32,15 @@ class HFTokenizer:
         self.hf = hf
         self._added = hf.get_added_vocab()
         self._special = {i for i, token in hf.added_tokens_decoder.items() if token.special}
-        self._stop_id = stop_token_id(hf)
 
     @property
     def vocab_size(self) -> int:
         return len(self.hf)
 
-    @property
+    @cached_property
     def stop_id(self) -> int:
-        return self._stop_id
+        """Looked up on first use: a tokenizer that only counts prompt tokens may have none."""
+        return stop_token_id(self.hf)
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
@@ -68,3 +71,8 @@ class HFTokenizer:
             )
         alphabet = byte_level_alphabet()
         return bytes(alphabet[char] for char in self.hf.convert_ids_to_tokens(token_id))
+
+    def chat_format(self) -> TemplateChatFormat:
+        from eaglepipe.target.chat_format import TemplateChatFormat  # it imports this module
+
+        return TemplateChatFormat(self)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglepipe.target.kimi_tools import ToolFormat, declare_tools
-from eaglepipe.target.segments import Segment, Special, Text, encode_segments, text_segment
+from eaglepipe.target.segments import RenderError, Segment, Special, Text, encode_segments, text_segment
 from eaglepipe.target.tokenizer import TargetTokenizer
 
 Message = dict[str, Any]
@@ -26,7 +26,7 @@ MARKER_NAMES = (
 )
 
 
-class KimiChatError(ValueError):
+class KimiChatError(RenderError):
     """A conversation Kimi's chat format cannot render, in one line."""
 
 

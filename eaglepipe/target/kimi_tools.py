@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+from eaglepipe.target.segments import RenderError
+
 ToolFormat = Literal["json", "typescript"]
 INDENT = "  "
 # Constraints a field's comment lists, by its JSON-schema type.
@@ -25,7 +27,7 @@ UNION_NAMES = {"string": "string", "number": "number", "integer": "number", "boo
                "null": "null", "object": "{}", "array": "Array<any>"}
 
 
-class ToolDeclarationError(ValueError):
+class ToolDeclarationError(RenderError):
     """A tool schema the chosen declaration format cannot render, in one line."""
 
 

@@ -18,6 +18,10 @@ TextKind = Literal[
 ]
 
 
+class RenderError(ValueError):
+    """A conversation or tool schema a chat format cannot render, in one line."""
+
+
 @dataclass(frozen=True)
 class Text:
     text: str

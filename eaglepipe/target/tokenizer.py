@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from eaglepipe.target.chat_format import ChatFormat
 
 
 class TokenizerError(ValueError):
@@ -46,6 +49,10 @@ class TargetTokenizer(Protocol):
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one id (a special id's name as UTF-8)."""
+        ...
+
+    def chat_format(self) -> ChatFormat:
+        """The chat format this tokenizer's target renders with (`eaglepipe.target.chat_format`)."""
         ...
 
 

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from eaglepipe.target.chat_format import ChatFormat, Layout
 from eaglepipe.tokens.methods import Flag, Method
-from eaglepipe.tokens.normalize import restore_edits, restore_trail_edits, unpad_edit
+from eaglepipe.tokens.normalize import WHITESPACE_MODES, restore_edits, restore_trail_edits, unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT, Edit, Piece
 from eaglepipe.tokens.profile import EngineProfile
 from eaglepipe.tokens.reply import Reply, ToolCall
-from eaglepipe.tokens.target import Layout, Target
+from eaglepipe.tokens.target import Target
 
 KIMI_TOOL_ID = re.compile(r"functions\.[^:]+:\d+")
 KNOWN_SOURCES = ("config", "exact_ids")  # a profile field decided by these is known, not a default
@@ -262,9 +263,10 @@ def _kimi_items(
 
 
 def chatml_variants(
-    answer: str, truncated: bool, target: Target, profile: EngineProfile, pieces: PieceCache
+    reply: Reply, target: Target, profile: EngineProfile, history: int, pieces: PieceCache
 ) -> list[Variant]:
     """One text, then the stop id: only whitespace at its ends can be in doubt (nothing pads it)."""
+    answer, truncated = reply.content, reply.truncated
     forced = Flag.REPLACEMENT_CHARACTER if "\ufffd" in answer else Flag(0)
     readings = ["strip"] if "strip" in profile.whitespace else ["keep"]
     variants = []
@@ -274,6 +276,24 @@ def chatml_variants(
         items: list[Item] = [slot] if truncated else [slot, target.layout.stop]
         variants.append(Variant(items, 0, ("answer", reading), not truncated, forced))
     return variants
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How the token stage reads a completion of the target's chat format."""
+
+    whitespace: frozenset[str]  # the engine readings (`normalize`) its text can show
+    variants: Callable[[Reply, Target, EngineProfile, int, PieceCache], list[Variant]]
+
+
+# Kimi's sections: markers an engine pads or strips around. A template's one text: nothing pads it, and
+# no reasoning parser strips its end alone.
+SECTIONED = Shape(frozenset(WHITESPACE_MODES), kimi_variants)
+ONE_TEXT = Shape(frozenset({"keep", "strip"}), chatml_variants)
+
+
+def shape_of(chat_format: ChatFormat) -> Shape:
+    return SECTIONED if chat_format.sectioned else ONE_TEXT
 
 
 def select(variants: Sequence[Variant], billed: int | None, stop_billed: bool) -> Selection:

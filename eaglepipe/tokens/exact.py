@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
+from eaglepipe.target.chat_format import ReadBack
 from eaglepipe.target.tokenizer import TokenizerError
 from eaglepipe.tokens.normalize import WHITESPACE_MODES, padded
 from eaglepipe.tokens.reply import Reply
@@ -31,17 +32,6 @@ class Observation:
 class ExactIds:
     ids: list[int]  # the completion, with the stop token when the reply stopped
     observation: Observation
-
-
-@dataclass
-class _Read:
-    """Completion ids read back the way an engine splits them."""
-
-    reasoning: str = ""
-    think_end: bool = False
-    content: str = ""
-    section: bool = False
-    calls: list[tuple[str, str]] | None = None
 
 
 def ids_from_bytes(target: Target, pieces: Sequence[bytes]) -> list[int] | None:
@@ -64,15 +54,18 @@ def _bytes_table(target: Target) -> dict[bytes, int]:
     return table
 
 
-def exact_completion(target: Target, reply: Reply, ids: Sequence[int], history: int) -> ExactIds | None:
-    """The ids as the sample's completion when they agree with the reply's text, else None."""
+def exact_completion(
+    target: Target, reply: Reply, ids: Sequence[int], history: int, whitespace: frozenset[str]
+) -> ExactIds | None:
+    """The ids as the sample's completion when they agree with the reply's text under one of the engine
+    readings in `whitespace` (those the format's text can show), else None."""
     ids = list(ids)
     if ids and ids[-1] == target.layout.stop:  # some servers include the stop token
         ids.pop()
-    read = _read_kimi(target, ids, reply) if target.kimi else _read_chatml(target, ids)
+    read = target.format.read_completion(ids, thinking=reply.thinking, truncated=reply.truncated)
     if read is None:
         return None
-    observation = _compare(target, reply, read, history)
+    observation = _compare(reply, read, history, whitespace)
     if observation is None:
         return None
     stop_billed = None
@@ -84,56 +77,7 @@ def exact_completion(target: Target, reply: Reply, ids: Sequence[int], history: 
     return ExactIds(ids if reply.truncated else [*ids, target.layout.stop], observation)
 
 
-def _read_chatml(target: Target, ids: list[int]) -> _Read | None:
-    if target.layout.stop in ids:
-        return None
-    return _Read(content=target.tokenizer.decode(ids), think_end=True)
-
-
-def _read_kimi(target: Target, ids: list[int], reply: Reply) -> _Read | None:
-    """Walk the ids as `reasoning </think> content [section] ...`; None on a special id out of place. A
-    call cut off by the length limit is left out (engines return it, or not; `_compare` allows both)."""
-    layout, decode = target.layout, target.tokenizer.decode
-    read = _Read(think_end=not reply.thinking, calls=[])
-    state, call_id = ("reasoning" if reply.thinking else "content"), ""
-    transitions = {
-        ("reasoning", layout.think_end): "content",
-        ("reasoning", layout.section_begin): "section",
-        ("content", layout.section_begin): "section",
-        ("section", layout.call_begin): "id",
-        ("id", layout.argument_begin): "arguments",
-        ("arguments", layout.call_end): "section",
-        ("section", layout.section_end): "closed",
-    }
-    start = 0
-    for position in [*target.special_positions(ids), None]:
-        token_id = ids[position] if position is not None else None
-        text = decode(ids[start:position])
-        start = position + 1 if position is not None else start
-        if state == "reasoning":
-            read.reasoning += text
-        elif state == "content":
-            read.content += text
-        elif state == "id":
-            call_id += text
-        elif state == "arguments" and token_id == layout.call_end:
-            read.calls.append((call_id, text))  # type: ignore[union-attr]
-            call_id = ""
-        elif text and state == "closed":
-            return None
-        if token_id is None:
-            break
-        state = transitions.get((state, token_id))  # type: ignore[assignment]
-        if state is None:
-            return None
-        read.think_end |= token_id == layout.think_end
-        read.section |= token_id == layout.section_begin
-    if state in ("id", "arguments") and not reply.truncated:
-        return None
-    return read
-
-
-def _compare(target: Target, reply: Reply, read: _Read, history: int) -> Observation | None:
+def _compare(reply: Reply, read: ReadBack, history: int, whitespace: frozenset[str]) -> Observation | None:
     before_section = read.section
     modes = _modes(reply.content, read.content, reply.thinking and read.think_end, before_section)
     if reply.thinking:
@@ -142,9 +86,8 @@ def _compare(target: Target, reply: Reply, read: _Read, history: int) -> Observa
         )
     elif reply.reasoning:
         return None
-    if not target.kimi:
-        modes &= {"keep", "strip"}
-    calls = read.calls or []
+    modes &= whitespace
+    calls = read.calls
     returned_calls = reply.tool_calls
     if reply.truncated and len(returned_calls) == len(calls) + 1:
         returned_calls = returned_calls[:-1]  # the call the length limit cut off, returned (vLLM, SGLang)

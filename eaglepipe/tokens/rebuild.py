@@ -7,22 +7,20 @@ Two passes. The first reads every reply, checks any exact ids it carries and gat
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from eaglepipe.target.kimi_chat import KimiChatError, completion_segments
-from eaglepipe.target.kimi_tools import ToolDeclarationError, ToolFormat
-from eaglepipe.target.segments import Special
-from eaglepipe.tokens.candidates import PieceCache, Selection, Variant, chatml_variants, kimi_variants, select
+from eaglepipe.target.kimi_tools import ToolFormat
+from eaglepipe.target.segments import RenderError, Special
+from eaglepipe.tokens.candidates import PieceCache, Selection, Variant, select, shape_of
 from eaglepipe.tokens.exact import ExactIds, exact_completion, ids_from_bytes
 from eaglepipe.tokens.methods import Flag, Method
 from eaglepipe.tokens.normalize import unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT
 from eaglepipe.tokens.profile import EngineProfile, Evidence, ProviderPin, decide_profile
 from eaglepipe.tokens.reply import Reply, parse_reply
-from eaglepipe.tokens.target import TOOL_FORMATS, Target, tool_history
+from eaglepipe.tokens.target import Target, tool_history
 from eaglepipe.tokens.validate import structure_problem
 
 # Replies each bills probe (stop billing, reasoning end) reads per provider; readings that fit the bill.
@@ -99,6 +97,7 @@ class Rebuilder:
     def __init__(self, target: Target, settings: TokenSettings | None = None) -> None:
         self.target = target
         self.settings = settings or TokenSettings()
+        self.shape = shape_of(target.format)
 
     def rebuild(
         self, prompts: dict[str, dict[str, Any]], records: Iterable[dict[str, Any]], where: str
@@ -172,9 +171,7 @@ class Rebuilder:
         return profile
 
     def _variants(self, item: _Pending, profile: EngineProfile, pieces: PieceCache) -> list[Variant]:
-        if self.target.kimi:
-            return kimi_variants(item.reply, self.target, profile, item.history, pieces)
-        return chatml_variants(item.reply.content, item.reply.truncated, self.target, profile, pieces)
+        return self.shape.variants(item.reply, self.target, profile, item.history, pieces)
 
     def _select(
         self, item: _Pending, profile: EngineProfile, pieces: PieceCache, billed: int | None
@@ -203,15 +200,14 @@ class Rebuilder:
                 f"{where}: prompt id {reply.prompt_id} is not in the prompt set; the responses "
                 "are stale: rerun generation"
             )
-        if not self.target.kimi:
-            reply = self._as_chatml(reply, record, where)
+        reply = self._as_generated(reply, record, where)
         history = tool_history(prompt["messages"])
         rejected = False
         for kind in (Method.SERVER_IDS, Method.LOGPROB_BYTES):
             ids = reply.server_ids if kind is Method.SERVER_IDS else self._logprob_ids(reply)
             if ids is None:
                 continue
-            exact = exact_completion(self.target, reply, ids, history)
+            exact = exact_completion(self.target, reply, ids, history, self.shape.whitespace)
             if exact is not None:
                 return _Pending(prompt, reply, history, exact, kind, False)
             rejected = True
@@ -220,28 +216,29 @@ class Rebuilder:
     def _logprob_ids(self, reply: Reply) -> list[int] | None:
         return ids_from_bytes(self.target, reply.logprob_bytes) if reply.logprob_bytes else None
 
-    def _as_chatml(self, reply: Reply, record: dict[str, Any], where: str) -> Reply:
-        """A ChatML target answers in one text (tool calls rendered into it) and cannot reason."""
+    def _as_generated(self, reply: Reply, record: dict[str, Any], where: str) -> Reply:
+        """The reply in the parts the target generated: a template's answer is one text (tool calls
+        rendered into it) and cannot reason; Kimi's parts are the reply's own."""
+        calls = record["response"].get("tool_calls") or None
+        text = self.target.format.one_text_answer(reply.content, calls)
+        if text is None:
+            return reply
         if reply.reasoning:
             raise TokensError(
                 f"{where}: prompt {reply.prompt_id}: the reply carries reasoning, which this target's "
                 "template cannot hold; generate without reasoning (generation.reasoning: {enabled: false})"
             )
-        calls = record["response"].get("tool_calls") or None
-        return replace(
-            reply, content=self.target.chatml_answer(reply.content, calls), tool_calls=(), thinking=False
-        )
+        return replace(reply, content=text, tool_calls=(), thinking=False)
 
     def _gather(self, evidence: Evidence, item: _Pending) -> None:
         evidence.samples += 1
-        if self.target.kimi:
-            sites, refuted = item.padding
-            evidence.pad_sites += sites
-            evidence.pad_refuted += refuted
-            if item.history and item.reply.tool_calls:
-                number = item.reply.tool_calls[0].id.rsplit(":", 1)[-1]
-                kind = {str(item.history): "conventional", str(2 * item.history): "shifted"}.get(number)
-                evidence.first_call_numbers.update([kind] if kind else [])
+        sites, refuted = item.padding  # (0, 0) for one text: no marker stands next to it
+        evidence.pad_sites += sites
+        evidence.pad_refuted += refuted
+        if item.history and item.reply.tool_calls:
+            number = item.reply.tool_calls[0].id.rsplit(":", 1)[-1]
+            kind = {str(item.history): "conventional", str(2 * item.history): "shifted"}.get(number)
+            evidence.first_call_numbers.update([kind] if kind else [])
         if item.exact is None:
             return
         seen = item.exact.observation
@@ -274,13 +271,7 @@ class Rebuilder:
         problem = structure_problem(
             target, prompt_ids, ids, truncated=reply.truncated, thinking=reply.thinking
         )
-        if (
-            problem is None
-            and target.kimi
-            and reply.thinking
-            and not reply.reasoning
-            and reply.reasoning_tokens
-        ):
+        if problem is None and reply.thinking and not reply.reasoning and reply.reasoning_tokens:
             problem = "reasoning_not_returned"
         return Sample(
             reply.prompt_id,
@@ -303,22 +294,20 @@ class Rebuilder:
         prompt, reply = item.prompt, item.reply
         tools = prompt.get("tools")
         configured = self.settings.tool_format
-        others = [f for f in TOOL_FORMATS if f != configured] if tools and self.target.kimi else []
+        chat_format = self.target.format
+        others = [f for f in chat_format.tool_formats if f != configured] if tools else []
         ids, used, failures = None, configured, []
         for used in (configured, *others):
             try:
                 ids = self._render(prompt, reply, used)
                 break
-            except (KimiChatError, ToolDeclarationError) as error:
+            except RenderError as error:
                 failures.append(str(error))
         if ids is None:
             raise TokensError(f"{where}: prompt {reply.prompt_id}: {failures[0]}")
         lengths = {used: len(ids)}
-        for other in others:
-            if other != used:
-                with suppress(ToolDeclarationError):
-                    declarations = self.target.declaration_length(tools, other)
-                    lengths[other] = len(ids) - self.target.declaration_length(tools, used) + declarations
+        if others:
+            lengths |= chat_format.other_tool_format_lengths(tools, used, len(ids))
         billed = reply.billed_prompt
         flags = Flag(0)
         if billed is not None and len(ids) != billed:
@@ -329,9 +318,7 @@ class Rebuilder:
                 flags = Flag.PROMPT_COUNT_MISMATCH
         if not tools or billed is None:
             return ids, {}, flags
-        # A ChatML template declares tools its own way: one rendering, named after the template.
-        names = {f: f if self.target.kimi else "chat_template" for f in lengths}
-        return ids, {names[f]: length - billed for f, length in lengths.items()}, flags
+        return ids, {chat_format.tool_format_name(f): length - billed for f, length in lengths.items()}, flags
 
     def _render(self, prompt: dict[str, Any], reply: Reply, tool_format: ToolFormat) -> list[int]:
         return self.target.prompt_ids(
@@ -340,13 +327,10 @@ class Rebuilder:
 
     def _as_returned_length(self, reply: Reply, pieces: PieceCache) -> int:
         """The completion's length for the returned text taken as is (the shared renderer's structure)."""
-        if not self.target.kimi:
-            return len(pieces(reply.content).ids) + int(not reply.truncated)
         calls = [
             {"id": c.id, "function": {"name": c.name, "arguments": c.arguments}} for c in reply.tool_calls
         ]
-        segments = completion_segments(
-            self.target.tokenizer,
+        segments = self.target.format.completion_segments(
             reasoning=reply.reasoning,
             content=reply.content,
             tool_calls=calls,

@@ -20,7 +20,7 @@ from typing import Any
 
 from eaglepipe.emulator.kimi_synthetic import TrueSample, sample_record
 from eaglepipe.emulator.text_like import EngineReply
-from eaglepipe.target import kimi_chat
+from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.tokenizer import TargetTokenizer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -69,7 +69,7 @@ def engine_model_dir(tokenizer_dir: Path, directory: Path) -> Path:
     return directory
 
 
-def engine_input(tokenizer: TargetTokenizer, sample: TrueSample) -> dict[str, Any]:
+def engine_input(chat_format: ChatFormat, sample: TrueSample) -> dict[str, Any]:
     """What an engine needs to replay the sample: the request, the prompt's ids and the generated ids."""
     prompt = sample.prompt
     return {
@@ -78,8 +78,7 @@ def engine_input(tokenizer: TargetTokenizer, sample: TrueSample) -> dict[str, An
         "tools": prompt.get("tools"),
         "thinking": sample.thinking,
         "stopped": sample.stopped,
-        "prompt_ids": kimi_chat.prompt_ids(
-            tokenizer,
+        "prompt_ids": chat_format.prompt_ids(
             prompt["messages"],
             prompt.get("tools"),
             thinking=sample.thinking,
@@ -121,7 +120,8 @@ def engine_corpus(
     """Every engine's replies (both modes) to every sample, in sample order."""
     model_dir = engine_model_dir(tokenizer_dir, work / "model")
     inputs = work / "inputs.jsonl"
-    inputs.write_text("".join(json.dumps(engine_input(tokenizer, s)) + "\n" for s in samples))
+    chat_format = tokenizer.chat_format()
+    inputs.write_text("".join(json.dumps(engine_input(chat_format, s)) + "\n" for s in samples))
     return [
         line
         for name in engines
