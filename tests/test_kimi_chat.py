@@ -232,7 +232,8 @@ def test_unrenderable_input_stops_with_one_line(kimi):
 def test_chatml_targets_have_the_same_surface(model_dir):
     tokenizer = load_target_tokenizer(model_dir)
     messages = [{"role": "user", "content": "Weather in Oslo?"}]
-    assert chatml.prompt_ids(tokenizer, messages, TOOLS) == render_prompt_ids(tokenizer.hf, messages, TOOLS)
+    rendered = tokenizer.chat_format().prompt_ids(messages, TOOLS, thinking=False, tool_format="typescript")
+    assert rendered == render_prompt_ids(tokenizer.hf, messages, TOOLS)
     segments = chatml.completion_segments(tokenizer, reasoning=None, content="Calling.", tool_calls=CALLS,
                                           truncated=False)
     answer = {"role": "assistant", "content": "Calling.", "tool_calls": CALLS}

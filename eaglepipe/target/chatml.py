@@ -1,21 +1,17 @@
-"""The HF-template targets (SmolLM2's ChatML) with the same `prompt_ids` / `completion_segments` surface as
-`kimi_chat`, for `chat_format.TemplateChatFormat`; the rendering itself stays `eaglepipe.target.chat`'s."""
+"""The HF-template targets' (SmolLM2's ChatML) completion segments, the same surface as `kimi_chat`'s, for
+`chat_format.TemplateChatFormat`; prompts render through `eaglepipe.target.chat`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from eaglepipe.target.chat import Message, normalize_messages, render_prompt_ids
+from eaglepipe.target.chat import normalize_messages
 from eaglepipe.target.hf_tokenizer import HFTokenizer
 from eaglepipe.target.segments import RenderError, Segment, Special, text_segment
 
 
 class ChatMLError(RenderError):
     """A reply an HF-template target cannot hold, in one line."""
-
-
-def prompt_ids(tokenizer: HFTokenizer, messages: list[Message], tools: list | None = None) -> list[int]:
-    return render_prompt_ids(tokenizer.hf, messages, tools)
 
 
 def completion_segments(
