@@ -23,7 +23,7 @@ from eaglepipe.emulator.__main__ import parse_args
 from eaglepipe.emulator.api_schemas import validate
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.kimi_mode import KimiCorpus
-from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
+from eaglepipe.emulator.kimi_synthetic import LITERAL_SPECIALS, TrueSample, kimi_corpus
 from eaglepipe.emulator.providers import load_endpoints
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text_like import SECTION_BEGIN, SWITCHES, EngineReply, engine_reply
@@ -259,8 +259,9 @@ def test_the_probe_sees_leaked_markers_and_the_bill_sees_dropped_text(
     kimi, kimi_dir, corpus, records
 ) -> None:
     """The usability probe (the token stage's structural check) flags a parser that leaks its tool section
-    into the content. It cannot see content a parser dropped, since what is left is well formed; the bill
-    can: the rebuilt answer is shorter than the ids billed, so the token stage drops it as off by k."""
+    into the content. It cannot see content a parser dropped, since what is left is well formed (only
+    marker text the model wrote, which the shorter text no longer pays for, gives it away); the bill can:
+    the rebuilt answer is shorter than the ids billed, so the token stage drops it as off by k."""
     probe = usability_probe(kimi_dir)
     rebuilder = Rebuilder(Target(kimi))
     with_text_before_calls = [
@@ -277,10 +278,35 @@ def test_the_probe_sees_leaked_markers_and_the_bill_sees_dropped_text(
                 for tag in ("leaks-markers", "drops-text", "vllm")
             )
             assert (probe(sample.prompt, leaked) or "").startswith("marker_text_in_reply"), index
-            assert probe(sample.prompt, dropped) == probe(sample.prompt, sound), index
+            seen = probe(sample.prompt, dropped)
+            assert seen is None or seen.startswith("marker_text_in_reply"), index
+            assert probe(sample.prompt, sound) is None, index
             rebuilt = rebuilder.rebuild({sample.prompt["id"]: sample.prompt}, [dropped], "drops-text")
             assert rebuilt.samples[0].method is Method.REBUILT_OFF_BY_K, index
             assert rebuilt.samples[0].billed_diff < 0, index
+
+
+def test_the_probe_lets_a_model_write_marker_text_when_the_bill_agrees(
+    kimi, kimi_dir, corpus, records
+) -> None:
+    """The corpus's model writes `<|im_end|>`, `[EOS]` and the like as text in some answers. From a sound
+    provider the text's rebuild has the billed length, so the probe holds nothing against it."""
+    probe = usability_probe(kimi_dir)
+    writing = [
+        i
+        for i, s in enumerate(corpus)
+        if any(m in kimi.decode(s.answer_ids) for m in LITERAL_SPECIALS) and s.stopped
+    ]
+    assert writing
+    for index in writing:
+        sample = corpus[index]
+        for stream in (False, True):
+            sound = {
+                **records[index, "vllm", stream],
+                "prompt_id": sample.prompt["id"],
+                "request": {"model": MODEL},
+            }
+            assert probe(sample.prompt, sound) is None, index
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 from eaglepipe.emulator.kimi_mode import rendered_prompt
-from eaglepipe.emulator.kimi_synthetic import LITERAL_SPECIALS, TrueSample, kimi_corpus
+from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.tokens.methods import EXACT_METHODS, Method
 
@@ -127,13 +127,6 @@ def corpus(kimi) -> list[TrueSample]:
     return [s for s in kimi_corpus(kimi, COUNT, SEED) if s.thinking]
 
 
-def writes_no_marker_text(kimi, sample: TrueSample) -> bool:
-    """The corpus has its model write special tokens' text (`<|im_end|>`, `[EOS]`) in a share of answers far
-    above a real model's, and the probe counts that against a provider: the breaker leg leaves them out."""
-    text = kimi.decode([i for i in sample.ids if not kimi.is_special(i)])
-    return not any(special in text for special in LITERAL_SPECIALS)
-
-
 @pytest.mark.parametrize("leg", sorted(LEGS))
 def test_the_token_stage_gets_the_true_ids_of_what_it_labels_exact_or_count_matched(
     tmp_path: Path, kimi, kimi_dir: Path, corpus: list[TrueSample], leg: str
@@ -141,9 +134,10 @@ def test_the_token_stage_gets_the_true_ids_of_what_it_labels_exact_or_count_matc
     run, settings = KimiRun(tmp_path, kimi, corpus), LEGS[leg]
     endpoints = {tag: (2.5, habits) for tag, habits in settings["endpoints"].items()}
     with run.emulator(kimi_dir, endpoints) as url:
-        # No probe: the corpus's literal marker text would strike the sound provider (see the breaker leg).
-        run.snakemake(url, kimi_dir, "results/kimi/tokens.json", stream=settings["stream"], probe_answers=0)
+        run.snakemake(url, kimi_dir, "results/kimi/tokens.json", stream=settings["stream"])
     stats = json.loads((run.workdir / "results" / "kimi" / "tokens.json").read_text())
+    summary = json.loads((run.workdir / "results" / "kimi" / "responses.summary.json").read_text())
+    assert summary["probed"] and not summary["breaker"]["strikes"], summary  # marker text the model wrote
     tensors = load_file(str(run.workdir / "results" / "kimi" / "tokens.safetensors"))
     offsets, prompt_len = tensors["offsets"].tolist(), tensors["prompt_len"].tolist()
     checked = {"exact": 0, "hazard_free": 0}
@@ -171,7 +165,7 @@ def test_a_provider_whose_tool_parser_leaks_markers_is_dropped_by_the_breaker(
 ) -> None:
     """The cheapest provider leaks its tool sections into the content: the probe finds the marker text,
     the breaker drops it, and the rest of the set is bought from the sound one."""
-    run = KimiRun(tmp_path, kimi, [s for s in corpus if writes_no_marker_text(kimi, s)])
+    run = KimiRun(tmp_path, kimi, corpus)  # the model writes marker text in some answers: no strike
     endpoints = {
         "leaky": (1.0, {"text_like": "vllm", "tool_parser": "leaks_markers"}),
         "sound": (3.0, {"text_like": "vllm"}),

@@ -4,6 +4,11 @@ Generation calls this on each provider's first answers while it buys them, so a 
 the token stage would refuse (a missing stop, markers out of order, reasoning billed but not returned) or
 that leaks markers' text into its answers is found after a few dollars, not after the whole budget. The one
 place generation uses the token stage.
+
+A marker's text in an answer is held against the provider only when the bill says a parser leaked it (see
+`validate.marker_text_problem`): the probe rebuilds each answer alone, without the provider's profile, so
+an answer from an engine that strips whitespace can miss its bill by a token or two for no fault of the
+text it holds.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ def usability_probe(target_dir: Path) -> Callable[[dict[str, Any], dict[str, Any
         except ValueError as err:  # a prompt the token stage cannot render is not the provider's fault
             log.warning("prompt %s: usability probe skipped (%s)", prompt["id"], err)
             return None
-        reply = parse_reply(record, "usability probe")
-        return sample.problem or marker_text_problem(target, reply.texts)
+        if sample.problem:
+            return sample.problem
+        excess = None if sample.billed_completion is None else sample.billed_diff
+        return marker_text_problem(target, parse_reply(record, "usability probe").texts, excess=excess)
 
     return problem

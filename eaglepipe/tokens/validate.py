@@ -26,15 +26,20 @@ def _marker_texts(target: Target) -> re.Pattern[str]:
     return re.compile("|".join(map(re.escape, texts))) if texts else re.compile(r"(?!)")
 
 
-def marker_text_problem(target: Target, texts: list[str]) -> str | None:
-    """A special token's text inside the returned text. A model may write one as ordinary text (an answer
-    about chat templates), so samples keep it; but a provider whose answers often hold one has a parser
-    that leaks markers (or loses the text around them), which the usability probe counts against it."""
+def marker_text_problem(target: Target, texts: list[str], *, excess: int | None) -> str | None:
+    """A special token's text inside the returned text that a parser leaked. A model may write one as
+    ordinary text (an answer about chat templates), and then the text's rebuild has about the billed length;
+    a parser that leaks a marker returns its text, several tokens, for the one special id the model
+    generated, so the rebuild runs over the bill by at least that many less one. `excess`: the rebuild's
+    length minus the bill (None without a bill, which cannot clear the text)."""
     pattern = _marker_texts(target)
-    for text in texts:
-        if text and (found := pattern.search(text)):
-            return f"marker_text_in_reply ({found.group()})"
-    return None
+    found = [match.group() for text in texts if text for match in pattern.finditer(text)]
+    if not found:
+        return None
+    leak_excess = min(len(target.encode(marker)) - 1 for marker in found)
+    if excess is not None and excess < leak_excess:
+        return None
+    return f"marker_text_in_reply ({found[0]})"
 
 
 @cache
