@@ -1,8 +1,11 @@
 """Checking one prompt record, so that every later stage can trust the shape of a prompt set.
 
 Normalization changes no meaning: text parts are joined into one string (chat templates take strings),
-keys no stage reads and keys set to null are dropped, and (only when asked) trailing assistant turns are
-removed so that the record ends where the target must answer.
+other keys and keys set to null are dropped, and (only when asked) trailing assistant turns are removed so
+that the record ends where the target must answer. Earlier turns' reasoning (`reasoning`,
+`reasoning_content`) is among the dropped keys on purpose: Kimi's template would render it inside the
+current tool exchange, but whether a provider passes an assistant message's `reasoning` on to its template
+is not documented, so the request and the token stage's rebuild both go without it and agree.
 """
 
 from __future__ import annotations
