@@ -53,7 +53,8 @@ class KimiRun:
         (self.workdir / "sources" / "kimi.jsonl").write_text("\n".join(lines) + "\n")
         # By the prompt the token stage renders: the prompt stage drops keys the template does not read.
         self.truth = {
-            rendered_prompt(kimi, s.prompt["messages"], s.prompt.get("tools"), s.thinking): s for s in samples
+            rendered_prompt(kimi.chat_format(), s.prompt["messages"], s.prompt.get("tools"), s.thinking): s
+            for s in samples
         }
         key_file = tmp_path / "openrouter.key"
         key_file.write_text("sk-or-v1-KIMIREHEARSAL\n")

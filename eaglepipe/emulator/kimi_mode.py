@@ -38,20 +38,20 @@ from eaglepipe.emulator.text_like import (
     engine_reply,
 )
 from eaglepipe.target import kimi_chat
+from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.tokenizer import TargetTokenizer, load_target_tokenizer
 
 PIECE_CHARS = 16  # characters of reasoning, content or arguments per streamed delta
 
 
 def rendered_prompt(
-    tokenizer: TargetTokenizer,
+    chat_format: ChatFormat,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     thinking: bool,
 ) -> tuple[int, ...]:
     """The prompt's ids as the corpus renders them (tools declared in TypeScript)."""
-    ids = kimi_chat.prompt_ids(tokenizer, messages, tools, thinking=thinking, tool_format="typescript")
-    return tuple(ids)
+    return tuple(chat_format.prompt_ids(messages, tools, thinking=thinking, tool_format="typescript"))
 
 
 def served_ids(sample: TrueSample, max_tokens: int) -> tuple[list[int], bool]:
@@ -65,13 +65,13 @@ class KimiCorpus:
 
     def __init__(self, tokenizer: TargetTokenizer, samples: list[TrueSample], seed: int) -> None:
         self.tokenizer = tokenizer
-        self.markers = kimi_chat.Markers.of(tokenizer)
+        self.format = tokenizer.chat_format()
         self.seed = seed
         self.samples = samples
         self.by_prompt: dict[tuple[int, ...], TrueSample] = {}
         for sample in samples:
             prompt = rendered_prompt(
-                tokenizer, sample.prompt["messages"], sample.prompt.get("tools"), sample.thinking
+                self.format, sample.prompt["messages"], sample.prompt.get("tools"), sample.thinking
             )
             self.by_prompt.setdefault(prompt, sample)  # a repeated conversation keeps its first answer
 
@@ -100,7 +100,7 @@ class KimiText:
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """The sample's prompt, rendered as a thinking turn or else as an instant one."""
         for thinking in (True, False):
-            ids = rendered_prompt(self.corpus.tokenizer, messages, tools, thinking)
+            ids = rendered_prompt(self.corpus.format, messages, tools, thinking)
             if ids in self.corpus.by_prompt:
                 return list(ids)
         raise ApiError(
@@ -121,7 +121,7 @@ class KimiEngine:
 
     def __init__(self, corpus: KimiCorpus, pace: Pace) -> None:
         self.corpus = corpus
-        self.stop_id = corpus.markers.end
+        self.stop_id = corpus.format.layout.stop
         self.pace = pace
         self.batches = 0
         self.sequences = 0
