@@ -155,6 +155,13 @@ def test_the_client_records_what_the_engine_switch_returns(kimi, corpus, records
             response = record["response"]
             assert record["provider"] == tag
             assert record["usage"]["completion_tokens"] == len(sample.ids), where  # the true ids, billed
+            think_end = kimi.special_id("</think>")
+            reasoning = (
+                sample.answer_ids.index(think_end)
+                if think_end in sample.answer_ids
+                else len(sample.answer_ids)
+            )
+            assert record["usage"]["reasoning_tokens"] == (reasoning if sample.thinking else 0), where
             assert response["reasoning"] == expected.reasoning, where
             if habits.get("reasoning_field") == "details_only" and expected.reasoning:
                 assert response["reasoning_details"] == [

@@ -23,7 +23,8 @@ class Completion:
 
     `complete`: the engine produced the whole answer; `cancelled`: the client left before its end
     (both hold for a provider that cannot cancel); `failed`: it ended in an error; `calls_tools`: the
-    provider returned tool calls, so a stop is reported as `tool_calls`.
+    provider returned tool calls, so a stop is reported as `tool_calls`; `reasoning_tokens`: how many of
+    the ids were reasoning, as usage reports it (Kimi mode; 0 for plain text).
     """
 
     model_id: str
@@ -41,6 +42,7 @@ class Completion:
     cancelled: bool = False
     failed: bool = False
     calls_tools: bool = False
+    reasoning_tokens: int = 0
 
     def add(self, token: GeneratedToken) -> None:
         if self.first_token_s is None:
@@ -101,7 +103,7 @@ class Completion:
             "cost": cost,
             "is_byok": False,
             "prompt_tokens_details": {"cached_tokens": 0},
-            "completion_tokens_details": {"reasoning_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "cost_details": {
                 "upstream_inference_cost": None,
                 "upstream_inference_prompt_cost": prompt_cost,

@@ -9,8 +9,9 @@ test that asks the wrong prompt fails at once.
 
 Each endpoint's `habits` (providers.ReplyHabits) decide what the client sees: the engine switch's
 reasoning, content and tool calls (text_like.engine_reply), where the reasoning goes, the tool-call ids
-and streamed indexes, and a tool parser that loses or leaks text. Usage bills the true ids, so the token
-stage's rebuild can be checked against ground truth after a real HTTP run.
+and streamed indexes, and a tool parser that loses or leaks text. Usage bills the true ids (its
+`reasoning_tokens`: those before `</think>`), so the token stage's rebuild can be checked against ground
+truth after a real HTTP run.
 
 The prompt's ids (and so its bill) are the sample's own rendering (thinking as the sample was generated),
 whatever the endpoint and whatever the request's `reasoning` says.
@@ -235,6 +236,7 @@ class KimiReplies:
             self.corpus.tokenizer, sample, completion.completion_ids, completion.stopped, habits
         )
         completion.calls_tools = bool(reply.tool_calls)
+        completion.reasoning_tokens = self.reasoning_tokens(sample, completion.completion_ids)
         message: dict[str, Any] = {
             "content": reply.content,
             "reasoning": reply.reasoning if habits.reasoning_field == "reasoning" else None,
@@ -251,7 +253,15 @@ class KimiReplies:
         ids, stopped = served_ids(sample, generation.max_tokens)
         reply = provider_reply(self.corpus.tokenizer, sample, ids, stopped, habits)
         completion.calls_tools = bool(reply.tool_calls)
+        completion.reasoning_tokens = self.reasoning_tokens(sample, ids)
         return _PlannedDeltas(stream_deltas(reply, habits), len(ids))
 
     def returns_token_ids(self, endpoint: Endpoint) -> bool:
         return SWITCHES[endpoint.habits.text_like].returns_token_ids
+
+    def reasoning_tokens(self, sample: TrueSample, ids: list[int]) -> int:
+        """The ids before `</think>` (all of them when the answer was cut inside its reasoning)."""
+        if not sample.thinking:
+            return 0
+        think_end = self.corpus.format.layout.think_end
+        return ids.index(think_end) if think_end in ids else len(ids)
