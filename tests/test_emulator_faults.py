@@ -96,7 +96,9 @@ def streamed_outcome(http: httpx.Client) -> tuple[str, dict | None]:
     if response.status_code != 200:
         return f"status {response.status_code}", None
     assert lines[0] == ": OPENROUTER PROCESSING" and lines[-1] == "data: [DONE]"
-    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[1:-1]]
+    comments = [line for line in lines if line.startswith(":")]
+    assert comments == lines[: len(comments)]  # keep-alive comments come before the first chunk
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[len(comments) : -1]]
     failed = [chunk for chunk in chunks if "error" in chunk]
     if failed:
         assert failed == chunks[-1:] and failed[0]["choices"][0]["finish_reason"] == "error"
@@ -108,7 +110,9 @@ def streamed_outcome(http: httpx.Client) -> tuple[str, dict | None]:
     usage_chunk = chunks[-1]
     if usage_chunk["provider"] != "Chutes":
         return "wrong_provider", usage_chunk
-    return ("stall" if elapsed_s >= STALL_S else "none"), usage_chunk
+    stalled = elapsed_s >= STALL_S
+    assert stalled == (len(comments) > 1)  # a stalled stream keeps the connection alive with comments
+    return ("stall" if stalled else "none"), usage_chunk
 
 
 def test_every_fault_kind_reaches_a_raw_client_and_is_counted(faulty: tuple[str, Path]) -> None:
@@ -198,8 +202,13 @@ BAD_FILES = [
     ("[{fault: status, status: 429, probability: 0.1, code: ''}]", r"faults\[0\]: code must be a non-empty"),
     (
         "[{fault: reset, probability: 0.6}, {fault: stall, probability: 0.6, seconds: 1}]",
-        r"faults\[1\]: the probabilities add up to 1.2",
+        r"faults\[1\]: the probabilities of route chat add up to 1.2",
     ),
+    (
+        "[{fault: status, status: 429, probability: 0.1, route: models}]",
+        r"faults\[0\]: route must be one of chat, generation, key",
+    ),
+    ("[{fault: reset, probability: 0.1, route: key}]", r"faults\[0\]: unknown key 'route' for a reset rule"),
 ]
 
 
