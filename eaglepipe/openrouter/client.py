@@ -38,7 +38,8 @@ from eaglepipe.openrouter.errors import OpenRouterError, one_line
 from eaglepipe.openrouter.journal import open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, OtherJobs, RunLedger
 from eaglepipe.openrouter.progress import ProgressLine, ProviderStats, format_eta, provider_table
-from eaglepipe.openrouter.recovery import check_key, recover_generations
+from eaglepipe.openrouter.recovered import rebuilt_answer
+from eaglepipe.openrouter.recovery import check_key, generation_contents, recover_generations
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.verdict import Verdict, verdict
@@ -210,26 +211,31 @@ async def generate_set(
         requested=len(prompts), emulated=settings.emulated, max_tokens=settings.max_tokens
     )
     run = _Run(settings, summary, dataset, probe)
+    run.prompts = {prompt["id"]: prompt for prompt in prompts}
     journaled = read_records(journal_dir)  # read once: resume and the ledger settlement both need it
-    todo = run.resume(prompts, reusable(journaled, settings.fingerprint))
-    log.info(
-        "%s: generating %d of %d prompts (%d resumed), fingerprint %s, concurrency %d, %s",
-        dataset,
-        len(todo),
-        len(prompts),
-        run.summary.resumed,
-        settings.fingerprint,
-        settings.concurrency,
-        "streamed" if settings.stream else "not streamed",
-    )
+    earlier = reusable(journaled, settings.fingerprint)
+    run.done_ids.update(earlier)
     heartbeat = Heartbeat(ledger_dir, dataset)
     async with contextlib.AsyncExitStack() as stack:
         pools = [await stack.enter_async_context(pool) for pool in _http_pools(settings, api_key)]
         journal = await stack.enter_async_context(open_journal(journal_dir))
         ledger = await stack.enter_async_context(RunLedger(ledger_dir, dataset))
         http = pools[0]  # also for /key and /generation
-        run.ledger, run.http = ledger, http
-        await _settle_earlier_runs(run, journaled)
+        run.ledger, run.http, run.journal = ledger, http, journal
+        # Settled before the prompts are counted: an answer an earlier run lost, journaled now from
+        # `/generation/content`, is resumed rather than bought again.
+        recovered = await _settle_earlier_runs(run, journaled)
+        todo = run.resume(prompts, {**earlier, **reusable(recovered, settings.fingerprint)})
+        log.info(
+            "%s: generating %d of %d prompts (%d resumed), fingerprint %s, concurrency %d, %s",
+            dataset,
+            len(todo),
+            len(prompts),
+            run.summary.resumed,
+            settings.fingerprint,
+            settings.concurrency,
+            "streamed" if settings.stream else "not streamed",
+        )
         await _check_key(run)
         try:
             async with anyio.create_task_group() as housekeeping:
@@ -238,7 +244,8 @@ async def generate_set(
                 housekeeping.cancel_scope.cancel()
         finally:
             heartbeat.remove()
-        await _recover(run, at_end=True)
+        for record in await _recover(run, at_end=True):
+            run.count_recovered(record)
         key = await check_key(http)
         run.summary.key_usage_end = key.usage if key else None
     run.finish()
@@ -274,6 +281,10 @@ class _Run:
         self.dataset = dataset
         self.ledger: RunLedger | None = None
         self.http: httpx.AsyncClient | None = None
+        self.journal: AppendLog | None = None
+        self.prompts: dict[str, dict[str, Any]] = {}
+        # Prompts with a journaled answer under this fingerprint (resumed or done now).
+        self.done_ids: set[str] = set()
         self.limit = AdaptiveLimit(settings.concurrency)
         self.others = OtherJobs()
         self.changed = anyio.Event()
@@ -315,6 +326,7 @@ class _Run:
         tokens = usage.get("completion_tokens")
         tokens = self.settings.max_tokens if tokens is None else tokens
         cost = usage.get("cost") or 0.0
+        self.done_ids.add(record["prompt_id"])
         self.summary.done += 1
         self.summary.completion_tokens += tokens
         self.summary.dollars += cost
@@ -327,6 +339,17 @@ class _Run:
             self.dollars_this_run += cost
             self.provider(record.get("provider")).add_response(record)
         self.notify()
+
+    def count_recovered(self, record: dict[str, Any]) -> None:
+        """An answer journaled from `/generation/content` at the end: its prompt's failures are undone."""
+        prompt_id = record["prompt_id"]
+        for failure in [failure for failure in self.summary.failures if failure["prompt_id"] == prompt_id]:
+            self.summary.failures.remove(failure)
+            if failure["permanent"]:
+                self.summary.failed_permanent -= 1
+            else:
+                self.summary.failed_transient -= 1
+        self.count_done(record, resumed=False)
 
     def provider(self, name: str | None) -> ProviderStats:
         return self.provider_stats.setdefault(name or "(unnamed)", ProviderStats())
@@ -575,9 +598,9 @@ def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[ht
     ]
 
 
-async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> None:
+async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Before spending: charge journaled answers a killed job never entered in the ledger, and look up
-    requests it left in flight."""
+    requests it left in flight or cut off; returns the answers journaled from `/generation/content`."""
     assert run.ledger is not None
     view = run.ledger.view.refresh()
     for record in journaled:
@@ -586,44 +609,104 @@ async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> No
             await _bill(run.ledger, record["prompt_id"], record, outcome="kept")
             view.refresh()
     if view.refresh().unresolved_of(run.dataset):
-        await _recover(run, at_end=False)
+        return await _recover(run, at_end=False)
+    return []
 
 
-async def _recover(run: _Run, *, at_end: bool) -> None:
+async def _recover(run: _Run, *, at_end: bool) -> list[dict[str, Any]]:
     """Charge requests of this set that were cut off, in flight at a kill or answered without a cost,
     per `/generation`. At the start only what `/generation` knows already; at the end, waiting up to
     `recovery_wait_s` (OpenRouter answers 404 for a while after a generation ends, minutes for long
     answers). One still unknown stays open, held at its worst case, for the next start to settle; it is
-    closed at $0 (`not_found`) only once it is older than the longest answer can take plus a grace."""
-    assert run.ledger is not None and run.http is not None
+    closed at $0 (`not_found`) only once it is older than the longest answer can take plus a grace.
+    A found one whose prompt has no answer yet is journaled from `/generation/content` where that holds
+    the whole answer (`recovered.py`); those records are returned, for the caller to count."""
+    assert run.ledger is not None and run.http is not None and run.journal is not None
     pending = run.ledger.view.refresh().unresolved_of(run.dataset)
     if not pending:
-        return
+        return []
     wait_s = run.settings.recovery_wait_s if at_end else 0.0
     found = await recover_generations(
         run.http, [record["generation_id"] for record in pending], wait_s=wait_s
     )
+    rebuilt = await _stored_answers(run, pending, found)
     oldest_billable = time.time() - run.settings.request_timeout_s - UNSEEN_GRACE_S
     for record in pending:
         generation = found.get(record["generation_id"])
         if generation is None and float(record.get("at") or time.time()) > oldest_billable:
             continue
+        answer = rebuilt.get(record["generation_id"])
+        if answer is not None:  # journaled before it is billed, as every answer: a kill between is settled
+            await run.journal.append(answer)
+        outcome = "recovered_content" if answer else "recovered" if generation else "not_found"
         await run.ledger.billed(
             record["prompt_id"],
             record["generation_id"],
             usd=generation["usd"] if generation else 0.0,
-            outcome="recovered" if generation else "not_found",
+            outcome=outcome,
             completion_tokens=generation["completion_tokens"] if generation else None,
             provider=generation["provider"] if generation else None,
         )
         run.summary.recovered += generation is not None
     run.ledger.view.refresh()
     log.info(
-        "%s: %d cut-off request(s) looked up in /generation, %d found billed",
+        "%s: %d cut-off request(s) looked up in /generation, %d found billed, %d answer(s) journaled from "
+        "their stored content",
         run.dataset,
         len(pending),
         len(found),
+        len(rebuilt),
     )
+    return list(rebuilt.values())
+
+
+async def _stored_answers(
+    run: _Run, pending: list[dict[str, Any]], found: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """{generation id: journal record} for found requests whose prompt (of this set, asked under this
+    fingerprint) has no answer yet and whose stored content is the whole answer; one per prompt."""
+    assert run.http is not None
+    settings = run.settings
+    candidates: dict[str, dict[str, Any]] = {}
+    for record in pending:
+        prompt_id = record["prompt_id"]
+        if (
+            record["generation_id"] in found
+            and record.get("fingerprint") == settings.fingerprint
+            and prompt_id in run.prompts
+            and prompt_id not in run.done_ids
+        ):
+            candidates.setdefault(prompt_id, record)
+    if not candidates:
+        return {}
+    contents = await generation_contents(
+        run.http, [record["generation_id"] for record in candidates.values()]
+    )
+    allowed = frozenset(name.lower() for name in settings.allowed_providers)
+    rebuilt: dict[str, dict[str, Any]] = {}
+    for prompt_id, record in candidates.items():
+        generation_id = record["generation_id"]
+        if generation_id not in contents:
+            continue
+        prompt, content = run.prompts[prompt_id], contents[generation_id]
+        answer, why = rebuilt_answer(prompt, found[generation_id], content, allowed)
+        if answer is None:
+            log.info("prompt %s: the stored content of %s is not journaled: %s", prompt_id, generation_id,
+                     why)
+            continue
+        rebuilt[generation_id] = {
+            "prompt_id": prompt_id,
+            "fingerprint": settings.fingerprint,
+            "request": run.request_fields(),
+            "response": answer["response"],
+            "provider": answer["provider"],
+            "generation_id": generation_id,
+            "usage": answer["usage"],
+            "latency_s": None,
+            "attempts": None,
+            "recovered_content": answer["recovered_content"],
+        }
+    return rebuilt
 
 
 async def _check_key(run: _Run) -> None:
@@ -686,7 +769,7 @@ async def _complete_prompt(
     async def started(generation_id: str) -> None:
         this_attempt.add(generation_id)
         run.live_ids.add(generation_id)
-        await ledger.started(prompt["id"], generation_id)
+        await ledger.started(prompt["id"], generation_id, settings.fingerprint)
 
     attempt = failed_attempts = throttled = 0
     while True:
