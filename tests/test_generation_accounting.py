@@ -120,12 +120,12 @@ def test_answers_without_a_cost_are_priced_by_generation_through_its_errors(
     tmp_path: Path, stream: bool
 ) -> None:
     """No usage chunk or `cost: null`: held at worst case, then priced by `/generation`, which answers 500
-    half the time (asked again with back-off); `/key` answers 503 throughout, which leaves the key's usage
+    two times in five (asked again with back-off); `/key` answers 503 throughout, which leaves the key's usage
     unknown and stops nothing."""
     faults = [
         {"fault": "no_usage", "probability": 0.3},
         {"fault": "null_cost", "probability": 0.3},
-        {"fault": "status", "status": 500, "probability": 0.5, "route": "generation"},
+        {"fault": "status", "status": 500, "probability": 0.4, "route": "generation"},
         {"fault": "status", "status": 503, "probability": 1.0, "route": "key", "retry_after_s": 1},
     ]
     with emulator(tmp_path / "emulator", faults) as url:

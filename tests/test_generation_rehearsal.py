@@ -263,6 +263,12 @@ FAULTS = [
     {"fault": "reset", "probability": 0.04},
     {"fault": "wrong_provider", "probability": 0.03},
     {"fault": "stall", "probability": 0.01, "seconds": 2},
+    # Billed answers whose cost only `/generation` knows, while it and `/key` fail now and then.
+    {"fault": "cutoff", "probability": 0.03, "after_tokens": 3},
+    {"fault": "no_usage", "probability": 0.02},
+    {"fault": "null_cost", "probability": 0.02},
+    {"fault": "status", "status": 500, "probability": 0.2, "route": "generation"},
+    {"fault": "status", "status": 503, "probability": 0.5, "route": "key"},
 ]
 
 
@@ -306,6 +312,11 @@ def test_storms_of_faults_end_with_every_answer_clean(tmp_path: Path, stream: bo
         assert summary["retries"] > 0 and summary["errors_by_class"].get("http_429", 0) > 0
         # Discarded answers from a provider outside the allowlist were charged, and the ledger says so.
         assert 0 < summary["billed_by_outcome"].get("discarded", 0) <= injected.get("wrong_provider", 0)
+        # Every answer priced only by `/generation` was priced there, through its 500s (a reset leaves its
+        # request unresolved: `/generation` never learns of it, so it is held until the grace has passed).
+        unpriced = injected["cutoff"] + injected["no_usage"] + injected["null_cost"]
+        assert summary["recovered"] == unpriced
+        assert injected["status@generation"] > 0
         assert run.ledger_usd() == pytest.approx(stats["usd_charged"], rel=1e-9, abs=1e-12)
 
 

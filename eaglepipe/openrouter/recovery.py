@@ -21,8 +21,9 @@ LOOKUP_CONCURRENCY = 32
 LOOKUP_RETRY_S = 1.0
 # A lookup that meets 429 or 5xx is retried with back-off for at least this long, even at a start that
 # does not wait for `/generation` to learn of a request: the answer exists, the route is only busy.
-ERROR_RETRY_S = 8.0
-LOOKUP_BACKOFF_MAX_S = 4.0
+ERROR_RETRY_S = 10.0
+LOOKUP_BACKOFF_FIRST_S = 0.5
+LOOKUP_BACKOFF_MAX_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ async def _lookup(
     max(`wait_s`, ERROR_RETRY_S); anything else ends the lookup."""
     now = anyio.current_time()
     unknown_until, failing_until = now + wait_s, now + max(wait_s, ERROR_RETRY_S)
-    backoff_s = LOOKUP_RETRY_S
+    backoff_s = LOOKUP_BACKOFF_FIRST_S
     while True:
         async with limiter:
             status, data, retry_after_s = await _get(http, path, generation_id)
