@@ -20,7 +20,12 @@ import yaml
 
 from eaglepipe.emulator.api_schemas import validate
 from eaglepipe.emulator.runner import running_emulator
-from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
+from eaglepipe.openrouter.client import (
+    GenerationSettings,
+    GenerationSummary,
+    generate_set,
+    prompt_tokens_bound,
+)
 from eaglepipe.openrouter.journal import read_records
 from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.secrets import read_api_key
@@ -242,3 +247,29 @@ def test_stored_content_of_cut_answers_is_journaled_and_not_bought_again(tmp_pat
         assert record["response"]["finish_reason"] in ("stop", "length") and record["usage"]["cost"] > 0
         reply = parse_reply(record, "responses.jsonl")  # the token stage reads it as any answer
         assert reply.content == record["response"]["content"] and reply.tool_calls == ()
+
+
+@pytest.mark.parametrize("key_limited", [True, False])
+def test_the_first_wave_is_sized_to_what_the_key_can_reserve(tmp_path: Path, key_limited: bool) -> None:
+    """The in-flight budget holds three requests' reservations. Told so by `/key`, the client starts three
+    at a time and meets no in-flight-budget 402; not told (no key limit), it starts all six and meets them."""
+    prompts = PROMPTS[:6]
+    per_request = 64 * 2e-6 + 4e-7 * prompt_tokens_bound(prompts[0])  # Chutes' prices at max_tokens 64
+    budget = f"{3.5 * per_request:.8f}"
+    limits = ["--in-flight-budget", budget, *(["--key-limit", budget] if key_limited else [])]
+    with emulator(tmp_path / "emulator", [], "--latency-s", "0.5", *limits) as url:
+        summary = generate(
+            url,
+            tmp_path,
+            prompts=prompts,
+            concurrency=6,
+            expected_request_usd=64 * 2e-6,
+            prompt_usd_per_token=4e-7,
+        )
+        assert_ledger_equals_charges(url, tmp_path)
+    assert summary.ended_because == "all_done" and summary.done == len(prompts)
+    in_flight_402s = summary.errors_by_class.get("http_402_openrouter_in_flight_budget", 0)
+    if key_limited:
+        assert summary.first_wave == 3 and summary.concurrency_lowest == 3 and in_flight_402s == 0
+    else:
+        assert summary.first_wave is None and in_flight_402s > 0

@@ -13,6 +13,7 @@ paid for is kept and a rerun resumes.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import random
@@ -39,7 +40,7 @@ from eaglepipe.openrouter.journal import open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, OtherJobs, RunLedger
 from eaglepipe.openrouter.progress import ProgressLine, ProviderStats, format_eta, provider_table
 from eaglepipe.openrouter.recovered import rebuilt_answer
-from eaglepipe.openrouter.recovery import check_key, generation_contents, recover_generations
+from eaglepipe.openrouter.recovery import KeyState, check_key, generation_contents, recover_generations
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.verdict import Verdict, verdict
@@ -96,6 +97,9 @@ class GenerationSettings:
     usd_budget: float | None = None
     # An upper bound on one request's cost, used until answers are seen (dearest price x max_tokens).
     expected_request_usd: float = 0.0
+    # The dearest kept endpoint's prompt price (USD per token): with the above, what OpenRouter reserves per
+    # request in flight, which sizes the first wave against the key's `limit_remaining`.
+    prompt_usd_per_token: float = 0.0
     max_failed_fraction: float = 0.0
     stream: bool = True
     return_token_ids: bool = False
@@ -169,6 +173,8 @@ class GenerationSummary:
     # The key's own usage before and after (GET /key), to reconcile with the ledger.
     key_usage_start: float | None = None
     key_usage_end: float | None = None
+    # The first wave's concurrency when the key's limit_remaining held fewer requests' reservations.
+    first_wave: int | None = None
     job_ledger_dollars: float = 0.0
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The circuit breaker: providers dropped (and why), strikes by provider, discards by foreign provider.
@@ -236,7 +242,7 @@ async def generate_set(
             settings.concurrency,
             "streamed" if settings.stream else "not streamed",
         )
-        await _check_key(run)
+        run.size_first_wave(await _check_key(run), todo)
         try:
             async with anyio.create_task_group() as housekeeping:
                 housekeeping.start_soon(_tick_forever, run, heartbeat)
@@ -300,6 +306,7 @@ class _Run:
         self.errors: Counter[str] = Counter()
         self.provider_stats: dict[str, ProviderStats] = {}
         self.progress = ProgressLine()
+        self.first_wave_note = ""
         self.started = time.monotonic()
 
     # --- accounting ------------------------------------------------------------------------------
@@ -441,6 +448,27 @@ class _Run:
 
     # --- admission -------------------------------------------------------------------------------
 
+    def size_first_wave(self, key: KeyState | None, todo: list[dict[str, Any]]) -> None:
+        """OpenRouter reserves each request's worst case, (prompt + max_tokens) at the endpoint's price,
+        against what the key may still spend: a first wave of more than fits meets in-flight-budget 402s
+        at once. The wave starts at what fits; the adaptive limit takes over from there."""
+        settings = self.settings
+        wave_prompts = todo[: settings.concurrency]
+        prompt_tokens = max((prompt_tokens_bound(prompt) for prompt in wave_prompts), default=0)
+        per_request = settings.expected_request_usd + settings.prompt_usd_per_token * prompt_tokens
+        if key is None or key.limit_remaining is None or per_request <= 0:
+            return
+        wave = max(1, int(key.limit_remaining / per_request))
+        if wave >= min(self.limit.current, len(wave_prompts)):
+            return
+        self.limit.start_at(wave)
+        self.summary.first_wave = wave
+        self.first_wave_note = (
+            f"first wave {wave}: the key's ${key.limit_remaining:.4f} left holds {wave} reservation(s) of "
+            f"${per_request:.4f}"
+        )
+        log.info("%s: %s", self.dataset, self.first_wave_note)
+
     async def admit(self, prompt_id: str) -> bool:
         """Wait until one more request may go out; False once the run stops admitting."""
         while self.stop_reason is None:
@@ -539,7 +567,7 @@ class _Run:
             f"{self.tokens_this_run / elapsed:.0f} tok/s, "
             f"${spent:.2f} spent by the run (projected ${projected:.2f}), {self.in_flight} in flight "
             f"(limit {self.limit.current}, ${reserved:.2f} reserved at worst case), errors {errors}, "
-            f"ETA {format_eta(eta)}"
+            f"ETA {format_eta(eta)}" + (f", {self.first_wave_note}" if self.first_wave_note else "")
         )
 
 
@@ -562,6 +590,14 @@ async def _tick_forever(run: _Run, heartbeat: Heartbeat) -> None:
         if now - last_key_check >= KEY_CHECK_EVERY_S:
             last_key_check = now
             await _check_key(run)
+
+
+def prompt_tokens_bound(prompt: dict[str, Any]) -> int:
+    """A generous bound on a prompt's tokens without its tokenizer: half its UTF-8 bytes (tokenizers
+    average three to four bytes a token in English, and no fewer than two in scripts of multi-byte
+    characters)."""
+    text = json.dumps({"messages": prompt["messages"], "tools": prompt.get("tools")}, ensure_ascii=False)
+    return len(text.encode()) // 2
 
 
 def _raise_open_file_limit(concurrency: int) -> None:
@@ -709,13 +745,13 @@ async def _stored_answers(
     return rebuilt
 
 
-async def _check_key(run: _Run) -> None:
+async def _check_key(run: _Run) -> KeyState | None:
     """A key whose own limit is spent stops the run, as OpenRouter's 403 openrouter_key_limit would, even
-    before any request says so."""
+    before any request says so. None: the key's state is unknown (no `/key`, or it failed this time)."""
     assert run.http is not None
     key = await check_key(run.http)
     if key is None:
-        return
+        return None
     if run.summary.key_usage_start is None:
         run.summary.key_usage_start = key.usage
     if key.limit_remaining is not None and key.limit_remaining < run.forecast.mean_usd:
@@ -724,6 +760,7 @@ async def _check_key(run: _Run) -> None:
             f"the key's limit_remaining is ${key.limit_remaining:.4f}, less than one request: "
             "raise the key's limit (or wait until it resets), then rerun",
         )
+    return key
 
 
 async def _feed_workers(
