@@ -630,10 +630,17 @@ class Emulator:
         completion.finished_s = time.monotonic() - completion.started
         content = None
         if self.store_content:  # GenerationContentData: what was asked, and the answer's text as generated
+            error = {
+                "status": None,
+                "message": "the answer ended in an error",
+                "provider_name": completion.endpoint.answer_name,
+                "raw": None,
+                "previous_errors": [],
+            }
             content = {
                 "input": {"messages": answer.chat.messages},
                 "output": {"completion": self.text.decode(completion.completion_ids), "reasoning": None},
-                "error": None,
+                "error": error if completion.failed else None,
             }
         self.ledger.record(completion, content)
 
