@@ -96,7 +96,9 @@ def streamed_outcome(http: httpx.Client) -> tuple[str, dict | None]:
     if response.status_code != 200:
         return f"status {response.status_code}", None
     assert lines[0] == ": OPENROUTER PROCESSING" and lines[-1] == "data: [DONE]"
-    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[1:-1]]
+    comments = [line for line in lines if line.startswith(":")]
+    assert comments == lines[: len(comments)]  # keep-alive comments come before the first chunk
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[len(comments) : -1]]
     failed = [chunk for chunk in chunks if "error" in chunk]
     if failed:
         assert failed == chunks[-1:] and failed[0]["choices"][0]["finish_reason"] == "error"
@@ -108,7 +110,9 @@ def streamed_outcome(http: httpx.Client) -> tuple[str, dict | None]:
     usage_chunk = chunks[-1]
     if usage_chunk["provider"] != "Chutes":
         return "wrong_provider", usage_chunk
-    return ("stall" if elapsed_s >= STALL_S else "none"), usage_chunk
+    stalled = elapsed_s >= STALL_S
+    assert stalled == (len(comments) > 1)  # a stalled stream keeps the connection alive with comments
+    return ("stall" if stalled else "none"), usage_chunk
 
 
 def test_every_fault_kind_reaches_a_raw_client_and_is_counted(faulty: tuple[str, Path]) -> None:
@@ -177,6 +181,70 @@ def test_a_burst_answers_429_to_everything_inside_its_window(tmp_path: Path) -> 
     }
 
 
+def one_outcome(http: httpx.Client, stream: bool) -> tuple[str, str]:
+    """(what the client saw, the generation id) of one request against UNPRICED."""
+    usage: dict | None = None
+    try:
+        if stream:
+            with http.stream("POST", "/chat/completions", json=body(stream=True)) as response:
+                generation_id = response.headers["x-generation-id"]
+                for line in response.iter_lines():
+                    chunk = json.loads(line[5:]) if line.startswith("data: {") else {}
+                    if "error" in chunk:
+                        return "error", generation_id
+                    usage = chunk.get("usage") or usage
+        else:
+            with http.stream("POST", "/chat/completions", json=body(stream=False)) as response:
+                generation_id = response.headers["x-generation-id"]
+                answer = json.loads(response.read())
+            if answer["choices"][0]["finish_reason"] == "error":
+                return "error", generation_id
+            usage = answer.get("usage")
+    except httpx.RemoteProtocolError:
+        return "cut", generation_id
+    if usage is None:
+        return "no_usage", generation_id
+    return ("null_cost" if usage["cost"] is None else "priced"), generation_id
+
+
+def test_unpriced_and_cut_answers_are_billed_and_told_by_generation_and_its_content(tmp_path: Path) -> None:
+    """Answers without usage or with `cost: null`, and cut connections whose answers run out, are billed:
+    `/generation` gives each cost (and they add up to the charges), `/generation/content` the whole text of
+    a cut answer, and a stored error for one that failed, in OpenRouter's published shapes."""
+    (tmp_path / "faults.yaml").write_text(
+        "- {fault: no_usage, probability: 0.2}\n- {fault: null_cost, probability: 0.2}\n"
+        "- {fault: cutoff, probability: 0.3, after_tokens: 2}\n- {fault: midstream_error, probability: 0.2}\n"
+    )
+    args = [*FAST, "--faults", str(tmp_path / "faults.yaml"), "--store-content"]
+    with (
+        running_emulator(None, extra_args=args, log_path=tmp_path / "log") as url,
+        httpx.Client(base_url=url) as http,
+    ):
+        outcomes = [(*one_outcome(http, stream), stream) for stream in [True, False] * 30]
+        # A plain answer carrying an error is not recorded (nothing ran: the error stands for the answer).
+        known = [(kind, gid) for kind, gid, stream in outcomes if stream or kind != "error"]
+        time.sleep(0.2)  # a cut stream's answer is run out after the client left
+        records = {gid: http.get("/generation", params={"id": gid}).json() for _, gid in known}
+        contents = {gid: http.get("/generation/content", params={"id": gid}).json() for _, gid in known}
+        stats = http.get("/emulator/stats").json()
+    seen = Counter(kind for kind, _, _ in outcomes)
+    assert set(seen) == {"no_usage", "null_cost", "cut", "error", "priced"}
+    assert (
+        stats["faults"]["cutoff"] == seen["cut"] and stats["requests_billed"] == len(outcomes) - seen["error"]
+    )
+    assert any(kind == "error" for kind, _ in known)
+    for kind, gid in known:
+        record, content = records[gid]["data"], contents[gid]
+        validate("generation", records[gid])
+        validate("generation_content", content)
+        assert (record["total_cost"] > 0) == (kind != "error")
+        assert (content["data"]["error"] is not None) == (kind == "error")
+        if kind == "cut":
+            assert record["finish_reason"] in ("stop", "length") and content["data"]["output"]["completion"]
+    assert stats["usd_charged"] == pytest.approx(sum(r["data"]["total_cost"] for r in records.values()))
+    assert "Traceback" not in (tmp_path / "log").read_text()
+
+
 BAD_FILES = [
     ("{fault: reset}", r"bad\.yaml: expected a list"),
     (
@@ -198,8 +266,13 @@ BAD_FILES = [
     ("[{fault: status, status: 429, probability: 0.1, code: ''}]", r"faults\[0\]: code must be a non-empty"),
     (
         "[{fault: reset, probability: 0.6}, {fault: stall, probability: 0.6, seconds: 1}]",
-        r"faults\[1\]: the probabilities add up to 1.2",
+        r"faults\[1\]: the probabilities of route chat add up to 1.2",
     ),
+    (
+        "[{fault: status, status: 429, probability: 0.1, route: models}]",
+        r"faults\[0\]: route must be one of chat, generation, key",
+    ),
+    ("[{fault: reset, probability: 0.1, route: key}]", r"faults\[0\]: unknown key 'route' for a reset rule"),
 ]
 
 

@@ -85,6 +85,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="/generation answers 404 for this long after a generation ends, as OpenRouter does",
     )
+    parser.add_argument(
+        "--store-content",
+        action="store_true",
+        help="the account stores prompts and answers: /generation/content serves them (else 404)",
+    )
     model = parser.add_argument_group("model mode")
     model.add_argument("--max-batch", type=int, default=16, help="most requests generated together")
     model.add_argument(
@@ -285,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokens_per_event=args.tokens_per_event,
         generation_delay_s=args.generation_delay_s,
         replies=replies,
+        store_content=args.store_content,
     )
     if args.kimi_corpus is not None:
         source = f"the Kimi corpus ({args.kimi_count} samples, seed {args.kimi_seed})"

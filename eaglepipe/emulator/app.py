@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 KEPT_GENERATIONS = 200_000  # `/generation` answers for this many recent ids; older ones are forgotten
 PROCESSING = ": OPENROUTER PROCESSING\n\n"
+KEEPALIVE_EVERY_S = 1.0  # a stalled stream sends PROCESSING this often, as OpenRouter does while it waits
 DONE = "data: [DONE]\n\n"
 
 
@@ -85,8 +86,11 @@ class Ledger:
     completion_tokens: int = 0
     errors: Counter[int] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
-    # id -> (monotonic time from which `/generation` shows it, its record)
-    generations: OrderedDict[str, tuple[float, dict[str, Any]]] = field(default_factory=OrderedDict)
+    # id -> (monotonic time from which `/generation` shows it, its record, its `/generation/content` data
+    # or None where the account stores no content)
+    generations: OrderedDict[str, tuple[float, dict[str, Any], dict[str, Any] | None]] = field(
+        default_factory=OrderedDict
+    )
 
     def check_credit(self) -> None:
         if self.credit_limit is not None and self.usd_charged >= self.credit_limit:
@@ -137,7 +141,7 @@ class Ledger:
     def release(self, usd: float) -> None:
         self.reserved_usd = max(0.0, self.reserved_usd - usd)
 
-    def record(self, completion: Completion) -> None:
+    def record(self, completion: Completion, content: dict[str, Any] | None = None) -> None:
         if completion.billed:
             self.requests_billed += 1
             self.usd_charged += completion.costs()[2]
@@ -145,14 +149,19 @@ class Ledger:
             self.completion_tokens += completion.completion_tokens
         self.responses_completed += completion.complete
         visible_from = time.monotonic() + self.generation_delay_s
-        self.generations[completion.id] = (visible_from, completion.generation_record())
+        self.generations[completion.id] = (visible_from, completion.generation_record(), content)
         while len(self.generations) > KEPT_GENERATIONS:
             self.generations.popitem(last=False)
 
     def generation(self, generation_id: str) -> dict[str, Any] | None:
         """The record, once `generation_delay_s` has passed since the generation ended (as on OpenRouter)."""
-        visible_from, record = self.generations.get(generation_id, (math.inf, {}))
+        visible_from, record, _ = self.generations.get(generation_id, (math.inf, {}, None))
         return record if time.monotonic() >= visible_from else None
+
+    def content(self, generation_id: str) -> dict[str, Any] | None:
+        """The stored prompt and answer text, visible when the record is; None where none is stored."""
+        visible_from, _, content = self.generations.get(generation_id, (math.inf, {}, None))
+        return content if time.monotonic() >= visible_from else None
 
 
 @dataclass(eq=False)
@@ -164,6 +173,10 @@ class _Answer:
     generation: GenerationRequest
     tokens: AsyncIterator[GeneratedToken]
     fails_after: int | None = None
+    # The `cutoff` fault: the connection breaks after this many tokens, the provider runs the answer out.
+    cut_after: int | None = None
+    # The `stall` fault: seconds of keep-alive comments before the first token.
+    stall_s: float = 0.0
     settled: bool = False
 
 
@@ -243,6 +256,7 @@ class Emulator:
         tokens_per_event: int = 1,
         generation_delay_s: float = 0.0,
         replies: ReplyShape | None = None,
+        store_content: bool = False,
     ) -> None:
         self.engine = engine
         self.text = text
@@ -253,6 +267,8 @@ class Emulator:
         self.api_key = api_key
         self.faults = faults or FaultPlan()
         self.tokens_per_event = tokens_per_event
+        # The account keeps prompts and answers: `/generation/content` serves them (else 404).
+        self.store_content = store_content
         self.ledger = Ledger(
             credit_limit=credit_limit,
             key_limit=key_limit,
@@ -333,9 +349,17 @@ class Emulator:
 
     # --- account ---------------------------------------------------------------------------------
 
+    def _account_fault(self, route: str) -> None:
+        """A `status`/`burst` rule on an accounting route answers in place of the route."""
+        fault = self.faults.draw(time.monotonic() - self.started, route)
+        if fault is not NO_FAULT:
+            self.ledger.faults[f"{fault.kind}@{route}"] += 1
+            raise fault.api_error()
+
     async def key(self, request: Request) -> Response:
         try:
             self._authorize(request)
+            self._account_fault("key")
         except ApiError as exc:
             return _error(exc)
         used = self.ledger.usd_charged
@@ -373,12 +397,25 @@ class Emulator:
     async def generation(self, request: Request) -> Response:
         try:
             self._authorize(request)
+            self._account_fault("generation")
             record = self.ledger.generation(request.query_params.get("id", ""))
             if record is None:
                 raise ApiError(404, f"Generation {request.query_params.get('id')!r} not found", "not_found")
         except ApiError as exc:
             return _error(exc)
         return JSONResponse({"data": record})
+
+    async def generation_content(self, request: Request) -> Response:
+        """The stored prompt and answer text of a generation (`--store-content`), cut-off ones included."""
+        try:
+            self._authorize(request)
+            self._account_fault("generation")
+            content = self.ledger.content(request.query_params.get("id", ""))
+            if content is None:
+                raise ApiError(404, f"No content for {request.query_params.get('id')!r}", "not_found")
+        except ApiError as exc:
+            return _error(exc)
+        return JSONResponse({"data": content})
 
     # --- the emulator's own paths ----------------------------------------------------------------
 
@@ -561,7 +598,9 @@ class Emulator:
             streamed=chat.stream,
         )
         headers = {"X-Generation-Id": completion.id}
-        if fault.kind == "stall":
+        completion.reports_usage = fault.kind != "no_usage"
+        completion.reports_cost = fault.kind != "null_cost"
+        if fault.kind == "stall" and not chat.stream:
             await asyncio.sleep(fault.seconds)
         elif fault.kind == "reset":
             return _dropped_connection(chat.stream, headers)
@@ -575,10 +614,13 @@ class Emulator:
             generation,
             self.engine.stream(generation),
             fails_after=fault.after_tokens if fault.kind == "midstream_error" else None,
+            cut_after=fault.after_tokens if fault.kind == "cutoff" else None,
+            stall_s=fault.seconds if fault.kind == "stall" else 0.0,
         )
         if chat.stream:
             return _EventStream(self._events(answer), partial(self._end_stream, answer), headers)
-        return await self._whole_answer(answer, headers)
+        whole = await self._whole_answer(answer, headers)
+        return _dropped_connection(False, headers) if fault.kind == "cutoff" else whole
 
     def _empty_answer(self, chat: ChatRequest, completion: Completion, headers: dict[str, str]) -> Response:
         """An HTTP 200 without choices, as OpenRouter sometimes sends; nothing is billed."""
@@ -596,10 +638,25 @@ class Emulator:
             return _sse_answer([completion.error_chunk(error.body()["error"])], headers)
         return JSONResponse(completion.error_body(error.body()["error"]), headers=headers)
 
-    def _settle(self, completion: Completion, *, client_left: bool = False) -> None:
+    def _settle(self, answer: _Answer, *, client_left: bool = False) -> None:
+        completion = answer.completion
         completion.cancelled = client_left or not (completion.complete or completion.failed)
         completion.finished_s = time.monotonic() - completion.started
-        self.ledger.record(completion)
+        content = None
+        if self.store_content:  # GenerationContentData: what was asked, and the answer's text as generated
+            error = {
+                "status": None,
+                "message": "the answer ended in an error",
+                "provider_name": completion.endpoint.answer_name,
+                "raw": None,
+                "previous_errors": [],
+            }
+            content = {
+                "input": {"messages": answer.chat.messages},
+                "output": {"completion": self.text.decode(completion.completion_ids), "reasoning": None},
+                "error": error if completion.failed else None,
+            }
+        self.ledger.record(completion, content)
 
     async def _whole_answer(self, answer: _Answer, headers: dict[str, str]) -> Response:
         completion = answer.completion
@@ -611,7 +668,7 @@ class Emulator:
             completion.failed = True
             raise ApiError(500, str(exc), "server") from None
         finally:
-            self._settle(completion)
+            self._settle(answer)
         logprobs = (
             logprobs_body(completion.answer_tokens, self.text.token_bytes)
             if answer.generation.top_logprobs is not None
@@ -649,6 +706,12 @@ class Emulator:
             return head + "".join(event(completion.chunk(delta)) for delta in rest)
 
         yield PROCESSING
+        stall_left_s = answer.stall_s
+        while stall_left_s > 0:
+            pause_s = min(KEEPALIVE_EVERY_S, stall_left_s)
+            await asyncio.sleep(pause_s)
+            stall_left_s -= pause_s
+            yield PROCESSING
         group: list[GeneratedToken] = []
         try:
             async for token in answer.tokens:
@@ -660,16 +723,21 @@ class Emulator:
                     group = []
                     if answer.fails_after is not None and len(completion.tokens) >= answer.fails_after:
                         raise _injected_failure()
+                    if answer.cut_after is not None and len(completion.tokens) >= answer.cut_after:
+                        raise InjectedReset("stream cut on purpose (emulator fault injection)")
             if group:
                 yield content(group)
             if answer.fails_after is not None:  # the answer ended before the planned failure
                 raise _injected_failure()
+            if answer.cut_after is not None:  # the answer ended before the planned cut: cut its end
+                raise InjectedReset("stream cut on purpose (emulator fault injection)")
             completion.complete = True
             *rest, last = deltas.flush() or [{"content": ""}]
             for delta in rest:
                 yield event(completion.chunk(delta))
             yield event(completion.chunk(last, finish=True))
-            yield _sse(completion.usage_chunk())
+            if completion.reports_usage:
+                yield _sse(completion.usage_chunk())
         except (EngineError, ApiError) as exc:
             error = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), "server")
             completion.failed = True
@@ -680,13 +748,15 @@ class Emulator:
 
     def _end_stream(self, answer: _Answer) -> None:
         """Settle a stream once, however it ended. A client that left an engine that cannot cancel is
-        billed for the whole answer, once the engine has run it out."""
+        billed for the whole answer, once the engine has run it out; so is one cut by the `cutoff` fault,
+        whatever the engine."""
         if answer.settled:
             return
         answer.settled = True
         completion = answer.completion
-        if completion.complete or completion.failed or self.engine.cancellable:
-            self._settle(completion)
+        cancels = self.engine.cancellable and answer.cut_after is None
+        if completion.complete or completion.failed or cancels:
+            self._settle(answer)
             self.ledger.in_flight -= 1
             return
         task = asyncio.get_running_loop().create_task(self._run_out(answer))
@@ -700,7 +770,7 @@ class Emulator:
                 completion.add(token)
             completion.complete = True
         finally:
-            self._settle(completion, client_left=True)
+            self._settle(answer, client_left=True)
             self.ledger.in_flight -= 1
 
 
@@ -711,6 +781,7 @@ def build_app(emulator: Emulator) -> Starlette:
         Route("/api/v1/models/{author}/{slug}/endpoints", emulator.model_endpoints),
         Route("/api/v1/key", emulator.key),
         Route("/api/v1/generation", emulator.generation),
+        Route("/api/v1/generation/content", emulator.generation_content),
         Route("/api/v1/chat/completions", emulator.chat_completions, methods=["POST"]),
         Route("/api/v1/emulator/stats", emulator.stats),
         Route("/api/v1/emulator/credit", emulator.credit, methods=["POST"]),

@@ -24,7 +24,9 @@ class Completion:
     `complete`: the engine produced the whole answer; `cancelled`: the client left before its end
     (both hold for a provider that cannot cancel); `failed`: it ended in an error; `calls_tools`: the
     provider returned tool calls, so a stop is reported as `tool_calls`; `reasoning_tokens`: how many of
-    the ids were reasoning, as usage reports it (Kimi mode; 0 for plain text).
+    the ids were reasoning, as usage reports it (Kimi mode; 0 for plain text). `reports_usage` and
+    `reports_cost` off leave the answer without usage or with `cost: null` (injected faults); the bill and
+    `/generation` are unchanged.
     """
 
     model_id: str
@@ -43,6 +45,8 @@ class Completion:
     failed: bool = False
     calls_tools: bool = False
     reasoning_tokens: int = 0
+    reports_usage: bool = True
+    reports_cost: bool = True
 
     def add(self, token: GeneratedToken) -> None:
         if self.first_token_s is None:
@@ -100,7 +104,7 @@ class Completion:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "cost": cost,
+            "cost": cost if self.reports_cost else None,
             "is_byok": False,
             "prompt_tokens_details": {"cached_tokens": 0},
             "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
@@ -114,7 +118,7 @@ class Completion:
     def header(self, obj: str) -> dict[str, Any]:
         header = {
             "id": self.id,
-            "provider": self.endpoint.public["provider_name"],
+            "provider": self.endpoint.answer_name,
             "model": self.model_id,
             "object": obj,
             "created": self.created,
@@ -134,7 +138,9 @@ class Completion:
             "native_finish_reason": self.finish_reason,
             "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None, **message},
         }
-        body = {**self.header("chat.completion"), "choices": [choice], "usage": self.usage()}
+        body = {**self.header("chat.completion"), "choices": [choice]}
+        if self.reports_usage:
+            body["usage"] = self.usage()
         if with_token_ids:
             choice["token_ids"] = self.completion_ids
             body["prompt_token_ids"] = self.prompt_ids
@@ -198,7 +204,7 @@ class Completion:
             "upstream_inference_cost": None,
             "created_at": datetime.fromtimestamp(self.created, UTC).isoformat(),
             "model": self.model_id,
-            "provider_name": self.endpoint.public["provider_name"],
+            "provider_name": self.endpoint.answer_name,
             "app_id": None,
             "streamed": self.streamed,
             "cancelled": self.cancelled,

@@ -4,7 +4,11 @@ A client's retry, backoff and bookkeeping code only runs when something goes wro
 can be told to go wrong: a YAML or JSON list of rules, each `{fault: KIND, ...}`. Each request gets at
 most one fault. A `burst` rule hits every request inside its time window; otherwise one draw from a
 generator seeded by `--fault-seed` picks the rule, each with its own `probability` (they must total at
-most 1), so a run with the same seed and request order meets the same faults.
+most 1 per route), so a run with the same seed and request order meets the same faults.
+
+A `status` or `burst` rule may name the `route` it hits: `chat` (the default, `/chat/completions`),
+`generation` (`/generation` and `/generation/content`) or `key` (`/key`): OpenRouter's accounting routes
+answer 429 and 5xx too. The other kinds shape an answer, so they hit only `chat`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from eaglepipe.emulator.errors import ApiError, EmulatorError
 # sends a string), `limit_source` marks budget limits (402 openrouter_in_flight_budget, 403
 # openrouter_key_limit, ...), `provider_name` and `raw` make a provider's own error ("Provider returned
 # error").
-_ERROR_DETAILS = ("retry_after_s", "code", "body_code", "limit_source", "provider_name", "raw")
+_ERROR_DETAILS = ("retry_after_s", "code", "body_code", "limit_source", "provider_name", "raw", "route")
+ROUTES = ("chat", "generation", "key")
 
 # kind: (required keys, optional keys), beside `fault` itself
 KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
@@ -36,6 +41,13 @@ KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "reset": (frozenset({"probability"}), frozenset()),
     "stall": (frozenset({"probability", "seconds"}), frozenset()),
     "wrong_provider": (frozenset({"probability"}), frozenset()),
+    # A stream that ends without its usage chunk (a plain answer without `usage`), and usage whose `cost`
+    # is null: billed all the same, priced only by `/generation`.
+    "no_usage": (frozenset({"probability"}), frozenset()),
+    "null_cost": (frozenset({"probability"}), frozenset()),
+    # The connection breaks after `after_tokens` tokens (a plain answer: after its headers) while the
+    # provider generates the whole answer and bills it: only `/generation` knows the cost.
+    "cutoff": (frozenset({"probability"}), frozenset({"after_tokens"})),
 }
 
 # What OpenRouter says for each status (error_type, message); others get a generic line.
@@ -70,6 +82,7 @@ class FaultRule:
     duration_s: float = 0.0
     seconds: float = 0.0
     after_tokens: int = 1
+    route: str = "chat"
 
     def in_burst(self, elapsed_s: float) -> bool:
         return elapsed_s % self.every_s < self.duration_s
@@ -120,15 +133,17 @@ class FaultPlan:
         self.chances = [rule for rule in rules if rule.kind != "burst"]
         self.rng = random.Random(seed)
 
-    def draw(self, elapsed_s: float) -> FaultRule:
-        """The fault for the next request, `elapsed_s` after the server started (NO_FAULT for none)."""
+    def draw(self, elapsed_s: float, route: str = "chat") -> FaultRule:
+        """The fault for the next request to `route`, `elapsed_s` after the server started (NO_FAULT for
+        none). A route without rules draws nothing, so the chat faults' sequence stays as it was."""
         for rule in self.bursts:
-            if rule.in_burst(elapsed_s):
+            if rule.route == route and rule.in_burst(elapsed_s):
                 return rule
-        if not self.chances:
+        chances = [rule for rule in self.chances if rule.route == route]
+        if not chances:
             return NO_FAULT
         point = self.rng.random()
-        for rule in self.chances:
+        for rule in chances:
             if point < rule.probability:
                 return rule
             point -= rule.probability
@@ -148,6 +163,10 @@ _LIMITS: dict[str, tuple[float, float | None, bool]] = {
 
 
 def _value(key: str, value: Any, where: str) -> Any:
+    if key == "route":
+        if value in ROUTES:
+            return value
+        raise EmulatorError(f"{where}: route must be one of {', '.join(ROUTES)}, got {value!r}")
     if key in ("code", "body_code", "limit_source", "provider_name", "raw"):
         if isinstance(value, str) and value:
             return value
@@ -197,12 +216,13 @@ def load_faults(path: Path | None, seed: int = 0) -> FaultPlan:
     if not isinstance(entries, list):
         raise EmulatorError(f"{path}: expected a list of rules such as [{{fault: reset, probability: 0.01}}]")
     rules = [_rule(entry, f"{path}: faults[{index}]") for index, entry in enumerate(entries)]
-    total = 0.0
+    totals = dict.fromkeys(ROUTES, 0.0)
     for index, rule in enumerate(rules):
-        total += rule.probability
-        if total > 1 + 1e-9:
+        totals[rule.route] += rule.probability
+        if totals[rule.route] > 1 + 1e-9:
             raise EmulatorError(
-                f"{path}: faults[{index}]: the probabilities add up to {total:g} by this rule; "
-                "a request gets at most one fault, so they must total at most 1"
+                f"{path}: faults[{index}]: the probabilities of route {rule.route} add up to "
+                f"{totals[rule.route]:g} by this rule; a request gets at most one fault, so they must "
+                "total at most 1"
             )
     return FaultPlan(rules, seed)

@@ -56,7 +56,9 @@ DEFAULT_ENDPOINTS: list[dict[str, Any]] = [
 ]
 # fmt: on
 
-_EMULATOR_ONLY_KEYS = {"bills_stop_token", "habits"}
+# `answers_as`: the display name this endpoint's answers (and `/generation`) carry when it is not the
+# listed `provider_name`, as when OpenRouter renames a provider ("Foo" listed, "Foo (beta)" answering).
+_EMULATOR_ONLY_KEYS = {"bills_stop_token", "habits", "answers_as"}
 
 # Each habit's choices, the default first.
 HABIT_CHOICES: dict[str, tuple[str, ...]] = {
@@ -130,6 +132,12 @@ class Endpoint:
     public: dict[str, Any]
     bills_stop_token: bool = True
     habits: ReplyHabits = field(default_factory=ReplyHabits)
+    answers_as: str | None = None
+
+    @property
+    def answer_name(self) -> str:
+        """The provider name answers report: the listed one unless the endpoint's name drifts."""
+        return self.answers_as or self.public["provider_name"]
 
     @property
     def tag(self) -> str:
@@ -170,7 +178,7 @@ def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: st
     if unknown:
         raise EmulatorError(
             f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_PUBLIC_KEYS))}, "
-            "bills_stop_token, habits)"
+            "bills_stop_token, habits, answers_as)"
         )
     for key in ("provider_name", "tag", "quantization", "pricing"):
         if key not in entry:
@@ -185,6 +193,9 @@ def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: st
     if not isinstance(bills_stop_token, bool):
         raise EmulatorError(f"{where}: 'bills_stop_token' must be true or false")
     habits = _habits(entry.pop("habits", {}), where)
+    answers_as = entry.pop("answers_as", None)
+    if answers_as is not None and not (isinstance(answers_as, str) and answers_as):
+        raise EmulatorError(f"{where}: 'answers_as' must be a provider display name such as 'Foo (beta)'")
     public = {
         "name": f"{entry['provider_name']} | {model_id}",
         "model_id": model_id,
@@ -204,7 +215,7 @@ def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: st
     }
     if not isinstance(public["status"], int) or public["status"] > 0:
         raise EmulatorError(f"{where}: 'status' must be 0 (normal) or a negative integer (degraded/down)")
-    return Endpoint(public=public, bills_stop_token=bills_stop_token, habits=habits)
+    return Endpoint(public=public, bills_stop_token=bills_stop_token, habits=habits, answers_as=answers_as)
 
 
 def load_endpoints(config_path: Path | None, model_id: str, context_length: int) -> list[Endpoint]:

@@ -13,6 +13,7 @@ paid for is kept and a rerun resumes.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import random
@@ -38,7 +39,8 @@ from eaglepipe.openrouter.errors import OpenRouterError, one_line
 from eaglepipe.openrouter.journal import open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, OtherJobs, RunLedger
 from eaglepipe.openrouter.progress import ProgressLine, ProviderStats, format_eta, provider_table
-from eaglepipe.openrouter.recovery import check_key, recover_generations
+from eaglepipe.openrouter.recovered import rebuilt_answer
+from eaglepipe.openrouter.recovery import KeyState, check_key, generation_contents, recover_generations
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.verdict import Verdict, verdict
@@ -95,6 +97,9 @@ class GenerationSettings:
     usd_budget: float | None = None
     # An upper bound on one request's cost, used until answers are seen (dearest price x max_tokens).
     expected_request_usd: float = 0.0
+    # The dearest kept endpoint's prompt price (USD per token): with the above, what OpenRouter reserves per
+    # request in flight, which sizes the first wave against the key's `limit_remaining`.
+    prompt_usd_per_token: float = 0.0
     max_failed_fraction: float = 0.0
     stream: bool = True
     return_token_ids: bool = False
@@ -168,6 +173,8 @@ class GenerationSummary:
     # The key's own usage before and after (GET /key), to reconcile with the ledger.
     key_usage_start: float | None = None
     key_usage_end: float | None = None
+    # The first wave's concurrency when the key's limit_remaining held fewer requests' reservations.
+    first_wave: int | None = None
     job_ledger_dollars: float = 0.0
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The circuit breaker: providers dropped (and why), strikes by provider, discards by foreign provider.
@@ -210,27 +217,32 @@ async def generate_set(
         requested=len(prompts), emulated=settings.emulated, max_tokens=settings.max_tokens
     )
     run = _Run(settings, summary, dataset, probe)
+    run.prompts = {prompt["id"]: prompt for prompt in prompts}
     journaled = read_records(journal_dir)  # read once: resume and the ledger settlement both need it
-    todo = run.resume(prompts, reusable(journaled, settings.fingerprint))
-    log.info(
-        "%s: generating %d of %d prompts (%d resumed), fingerprint %s, concurrency %d, %s",
-        dataset,
-        len(todo),
-        len(prompts),
-        run.summary.resumed,
-        settings.fingerprint,
-        settings.concurrency,
-        "streamed" if settings.stream else "not streamed",
-    )
+    earlier = reusable(journaled, settings.fingerprint)
+    run.done_ids.update(earlier)
     heartbeat = Heartbeat(ledger_dir, dataset)
     async with contextlib.AsyncExitStack() as stack:
         pools = [await stack.enter_async_context(pool) for pool in _http_pools(settings, api_key)]
         journal = await stack.enter_async_context(open_journal(journal_dir))
         ledger = await stack.enter_async_context(RunLedger(ledger_dir, dataset))
         http = pools[0]  # also for /key and /generation
-        run.ledger, run.http = ledger, http
-        await _settle_earlier_runs(run, journaled)
-        await _check_key(run)
+        run.ledger, run.http, run.journal = ledger, http, journal
+        # Settled before the prompts are counted: an answer an earlier run lost, journaled now from
+        # `/generation/content`, is resumed rather than bought again.
+        recovered = await _settle_earlier_runs(run, journaled)
+        todo = run.resume(prompts, {**earlier, **reusable(recovered, settings.fingerprint)})
+        log.info(
+            "%s: generating %d of %d prompts (%d resumed), fingerprint %s, concurrency %d, %s",
+            dataset,
+            len(todo),
+            len(prompts),
+            run.summary.resumed,
+            settings.fingerprint,
+            settings.concurrency,
+            "streamed" if settings.stream else "not streamed",
+        )
+        run.size_first_wave(await _check_key(run), todo)
         try:
             async with anyio.create_task_group() as housekeeping:
                 housekeeping.start_soon(_tick_forever, run, heartbeat)
@@ -238,7 +250,8 @@ async def generate_set(
                 housekeeping.cancel_scope.cancel()
         finally:
             heartbeat.remove()
-        await _recover(run, at_end=True)
+        for record in await _recover(run, at_end=True):
+            run.count_recovered(record)
         key = await check_key(http)
         run.summary.key_usage_end = key.usage if key else None
     run.finish()
@@ -274,6 +287,10 @@ class _Run:
         self.dataset = dataset
         self.ledger: RunLedger | None = None
         self.http: httpx.AsyncClient | None = None
+        self.journal: AppendLog | None = None
+        self.prompts: dict[str, dict[str, Any]] = {}
+        # Prompts with a journaled answer under this fingerprint (resumed or done now).
+        self.done_ids: set[str] = set()
         self.limit = AdaptiveLimit(settings.concurrency)
         self.others = OtherJobs()
         self.changed = anyio.Event()
@@ -289,6 +306,7 @@ class _Run:
         self.errors: Counter[str] = Counter()
         self.provider_stats: dict[str, ProviderStats] = {}
         self.progress = ProgressLine()
+        self.first_wave_note = ""
         self.started = time.monotonic()
 
     # --- accounting ------------------------------------------------------------------------------
@@ -315,6 +333,7 @@ class _Run:
         tokens = usage.get("completion_tokens")
         tokens = self.settings.max_tokens if tokens is None else tokens
         cost = usage.get("cost") or 0.0
+        self.done_ids.add(record["prompt_id"])
         self.summary.done += 1
         self.summary.completion_tokens += tokens
         self.summary.dollars += cost
@@ -327,6 +346,17 @@ class _Run:
             self.dollars_this_run += cost
             self.provider(record.get("provider")).add_response(record)
         self.notify()
+
+    def count_recovered(self, record: dict[str, Any]) -> None:
+        """An answer journaled from `/generation/content` at the end: its prompt's failures are undone."""
+        prompt_id = record["prompt_id"]
+        for failure in [failure for failure in self.summary.failures if failure["prompt_id"] == prompt_id]:
+            self.summary.failures.remove(failure)
+            if failure["permanent"]:
+                self.summary.failed_permanent -= 1
+            else:
+                self.summary.failed_transient -= 1
+        self.count_done(record, resumed=False)
 
     def provider(self, name: str | None) -> ProviderStats:
         return self.provider_stats.setdefault(name or "(unnamed)", ProviderStats())
@@ -417,6 +447,27 @@ class _Run:
         self.changed = anyio.Event()
 
     # --- admission -------------------------------------------------------------------------------
+
+    def size_first_wave(self, key: KeyState | None, todo: list[dict[str, Any]]) -> None:
+        """OpenRouter reserves each request's worst case, (prompt + max_tokens) at the endpoint's price,
+        against what the key may still spend: a first wave of more than fits meets in-flight-budget 402s
+        at once. The wave starts at what fits; the adaptive limit takes over from there."""
+        settings = self.settings
+        wave_prompts = todo[: settings.concurrency]
+        prompt_tokens = max((prompt_tokens_bound(prompt) for prompt in wave_prompts), default=0)
+        per_request = settings.expected_request_usd + settings.prompt_usd_per_token * prompt_tokens
+        if key is None or key.limit_remaining is None or per_request <= 0:
+            return
+        wave = max(1, int(key.limit_remaining / per_request))
+        if wave >= min(self.limit.current, len(wave_prompts)):
+            return
+        self.limit.start_at(wave)
+        self.summary.first_wave = wave
+        self.first_wave_note = (
+            f"first wave {wave}: the key's ${key.limit_remaining:.4f} left holds {wave} reservation(s) of "
+            f"${per_request:.4f}"
+        )
+        log.info("%s: %s", self.dataset, self.first_wave_note)
 
     async def admit(self, prompt_id: str) -> bool:
         """Wait until one more request may go out; False once the run stops admitting."""
@@ -516,7 +567,7 @@ class _Run:
             f"{self.tokens_this_run / elapsed:.0f} tok/s, "
             f"${spent:.2f} spent by the run (projected ${projected:.2f}), {self.in_flight} in flight "
             f"(limit {self.limit.current}, ${reserved:.2f} reserved at worst case), errors {errors}, "
-            f"ETA {format_eta(eta)}"
+            f"ETA {format_eta(eta)}" + (f", {self.first_wave_note}" if self.first_wave_note else "")
         )
 
 
@@ -539,6 +590,14 @@ async def _tick_forever(run: _Run, heartbeat: Heartbeat) -> None:
         if now - last_key_check >= KEY_CHECK_EVERY_S:
             last_key_check = now
             await _check_key(run)
+
+
+def prompt_tokens_bound(prompt: dict[str, Any]) -> int:
+    """A generous bound on a prompt's tokens without its tokenizer: half its UTF-8 bytes (tokenizers
+    average three to four bytes a token in English, and no fewer than two in scripts of multi-byte
+    characters)."""
+    text = json.dumps({"messages": prompt["messages"], "tools": prompt.get("tools")}, ensure_ascii=False)
+    return len(text.encode()) // 2
 
 
 def _raise_open_file_limit(concurrency: int) -> None:
@@ -575,9 +634,9 @@ def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[ht
     ]
 
 
-async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> None:
+async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Before spending: charge journaled answers a killed job never entered in the ledger, and look up
-    requests it left in flight."""
+    requests it left in flight or cut off; returns the answers journaled from `/generation/content`."""
     assert run.ledger is not None
     view = run.ledger.view.refresh()
     for record in journaled:
@@ -586,53 +645,113 @@ async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> No
             await _bill(run.ledger, record["prompt_id"], record, outcome="kept")
             view.refresh()
     if view.refresh().unresolved_of(run.dataset):
-        await _recover(run, at_end=False)
+        return await _recover(run, at_end=False)
+    return []
 
 
-async def _recover(run: _Run, *, at_end: bool) -> None:
+async def _recover(run: _Run, *, at_end: bool) -> list[dict[str, Any]]:
     """Charge requests of this set that were cut off, in flight at a kill or answered without a cost,
     per `/generation`. At the start only what `/generation` knows already; at the end, waiting up to
     `recovery_wait_s` (OpenRouter answers 404 for a while after a generation ends, minutes for long
     answers). One still unknown stays open, held at its worst case, for the next start to settle; it is
-    closed at $0 (`not_found`) only once it is older than the longest answer can take plus a grace."""
-    assert run.ledger is not None and run.http is not None
+    closed at $0 (`not_found`) only once it is older than the longest answer can take plus a grace.
+    A found one whose prompt has no answer yet is journaled from `/generation/content` where that holds
+    the whole answer (`recovered.py`); those records are returned, for the caller to count."""
+    assert run.ledger is not None and run.http is not None and run.journal is not None
     pending = run.ledger.view.refresh().unresolved_of(run.dataset)
     if not pending:
-        return
+        return []
     wait_s = run.settings.recovery_wait_s if at_end else 0.0
     found = await recover_generations(
         run.http, [record["generation_id"] for record in pending], wait_s=wait_s
     )
+    rebuilt = await _stored_answers(run, pending, found)
     oldest_billable = time.time() - run.settings.request_timeout_s - UNSEEN_GRACE_S
     for record in pending:
         generation = found.get(record["generation_id"])
         if generation is None and float(record.get("at") or time.time()) > oldest_billable:
             continue
+        answer = rebuilt.get(record["generation_id"])
+        if answer is not None:  # journaled before it is billed, as every answer: a kill between is settled
+            await run.journal.append(answer)
+        outcome = "recovered_content" if answer else "recovered" if generation else "not_found"
         await run.ledger.billed(
             record["prompt_id"],
             record["generation_id"],
             usd=generation["usd"] if generation else 0.0,
-            outcome="recovered" if generation else "not_found",
+            outcome=outcome,
             completion_tokens=generation["completion_tokens"] if generation else None,
             provider=generation["provider"] if generation else None,
         )
         run.summary.recovered += generation is not None
     run.ledger.view.refresh()
     log.info(
-        "%s: %d cut-off request(s) looked up in /generation, %d found billed",
+        "%s: %d cut-off request(s) looked up in /generation, %d found billed, %d answer(s) journaled from "
+        "their stored content",
         run.dataset,
         len(pending),
         len(found),
+        len(rebuilt),
     )
+    return list(rebuilt.values())
 
 
-async def _check_key(run: _Run) -> None:
+async def _stored_answers(
+    run: _Run, pending: list[dict[str, Any]], found: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """{generation id: journal record} for found requests whose prompt (of this set, asked under this
+    fingerprint) has no answer yet and whose stored content is the whole answer; one per prompt."""
+    assert run.http is not None
+    settings = run.settings
+    candidates: dict[str, dict[str, Any]] = {}
+    for record in pending:
+        prompt_id = record["prompt_id"]
+        if (
+            record["generation_id"] in found
+            and record.get("fingerprint") == settings.fingerprint
+            and prompt_id in run.prompts
+            and prompt_id not in run.done_ids
+        ):
+            candidates.setdefault(prompt_id, record)
+    if not candidates:
+        return {}
+    contents = await generation_contents(
+        run.http, [record["generation_id"] for record in candidates.values()]
+    )
+    allowed = frozenset(name.lower() for name in settings.allowed_providers)
+    rebuilt: dict[str, dict[str, Any]] = {}
+    for prompt_id, record in candidates.items():
+        generation_id = record["generation_id"]
+        if generation_id not in contents:
+            continue
+        prompt, content = run.prompts[prompt_id], contents[generation_id]
+        answer, why = rebuilt_answer(prompt, found[generation_id], content, allowed)
+        if answer is None:
+            log.info("prompt %s: the stored content of %s is not journaled: %s", prompt_id, generation_id,
+                     why)
+            continue
+        rebuilt[generation_id] = {
+            "prompt_id": prompt_id,
+            "fingerprint": settings.fingerprint,
+            "request": run.request_fields(),
+            "response": answer["response"],
+            "provider": answer["provider"],
+            "generation_id": generation_id,
+            "usage": answer["usage"],
+            "latency_s": None,
+            "attempts": None,
+            "recovered_content": answer["recovered_content"],
+        }
+    return rebuilt
+
+
+async def _check_key(run: _Run) -> KeyState | None:
     """A key whose own limit is spent stops the run, as OpenRouter's 403 openrouter_key_limit would, even
-    before any request says so."""
+    before any request says so. None: the key's state is unknown (no `/key`, or it failed this time)."""
     assert run.http is not None
     key = await check_key(run.http)
     if key is None:
-        return
+        return None
     if run.summary.key_usage_start is None:
         run.summary.key_usage_start = key.usage
     if key.limit_remaining is not None and key.limit_remaining < run.forecast.mean_usd:
@@ -641,6 +760,7 @@ async def _check_key(run: _Run) -> None:
             f"the key's limit_remaining is ${key.limit_remaining:.4f}, less than one request: "
             "raise the key's limit (or wait until it resets), then rerun",
         )
+    return key
 
 
 async def _feed_workers(
@@ -686,7 +806,7 @@ async def _complete_prompt(
     async def started(generation_id: str) -> None:
         this_attempt.add(generation_id)
         run.live_ids.add(generation_id)
-        await ledger.started(prompt["id"], generation_id)
+        await ledger.started(prompt["id"], generation_id, settings.fingerprint)
 
     attempt = failed_attempts = throttled = 0
     while True:

@@ -32,6 +32,11 @@ class AdaptiveLimit:
         self._attempts += 1
         self._rate_limited += rate_limited
 
+    def start_at(self, limit: int) -> None:
+        """Begin below the ceiling (a first wave sized to what the key can reserve); ticks raise it."""
+        self._limit = float(max(1, min(limit, self.ceiling)))
+        self.lowest = min(self.lowest, self.current)
+
     def set_ceiling(self, ceiling: int) -> None:
         """The run-wide concurrency split among the jobs running now; a lower share applies at once."""
         self.ceiling = max(1, ceiling)

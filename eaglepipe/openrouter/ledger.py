@@ -2,12 +2,14 @@
 
 `{results}/.ledger/ledger.jsonl` (one per results root) is append-only and shared by all generation
 jobs (flock per write). Lines:
-- `{"event": "started", "set", "prompt_id", "generation_id", "at"}`: a streamed request got its
-  generation id, so if the job dies now the request can still be found and charged later;
+- `{"event": "started", "set", "prompt_id", "generation_id", "fingerprint", "at"}`: a request got its
+  generation id, so if the job dies now the request can still be found and charged later (and its stored
+  text journaled, when `/generation/content` has it and it was asked under the same fingerprint);
 - `{"event": "billed", "set", "prompt_id", "generation_id", "usd", "completion_tokens", "outcome",
   "provider", "at"}` with outcome `kept` (in the journal), `discarded` (served outside the allowlist),
   `error` (a failure that carried a cost, or none: it closes its `started` line), `recovered` (in flight
-  at a kill, charged per `GET /generation`) or `not_found` (never found there: assumed unbilled).
+  at a kill, cut off or without a cost, charged per `GET /generation`), `recovered_content` (the same,
+  and its text from `/generation/content` journaled) or `not_found` (never found there: assumed unbilled).
 A `started` line without a `billed` line for its generation id is *unresolved*.
 
 `{results}/.ledger/live/{set}.json` is each running job's heartbeat (in flight, expected dollars in flight):
@@ -99,20 +101,22 @@ class RunLedger:
     async def __aexit__(self, *exc: Any) -> None:
         await self._log.__aexit__(*exc)
 
-    async def started(self, prompt_id: str, generation_id: str) -> None:
+    async def started(self, prompt_id: str, generation_id: str, fingerprint: str | None = None) -> None:
         await self._log.append(
             {
                 "event": "started",
                 "set": self.dataset,
                 "prompt_id": prompt_id,
                 "generation_id": generation_id,
+                "fingerprint": fingerprint,
                 "at": round(time.time(), 3),
             }
         )
 
     async def ensure_started(self, prompt_id: str, generation_id: str) -> None:
         """An answer whose cost is not known yet (no usage chunk, `cost: null`) stays unresolved, to be
-        priced by `/generation`, rather than booked at $0; a plain request has no `started` line yet."""
+        priced by `/generation`, rather than booked at $0; a plain request has no `started` line yet. No
+        fingerprint: the answer is journaled already, its text needs no recovery."""
         self.view.refresh()
         if generation_id not in self.view.unresolved and generation_id not in self.view.resolved:
             await self.started(prompt_id, generation_id)

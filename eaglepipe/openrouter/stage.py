@@ -153,6 +153,7 @@ def run_generation(
             output_token_budget=output_token_budget,
             usd_budget=usd_budget,
             expected_request_usd=max_request_usd(providers["kept"], gen["max_tokens"]),
+            prompt_usd_per_token=dearest_price(providers["kept"], "prompt"),
             stream=gen["stream"],
             return_token_ids=gen["return_token_ids"],
             emulated=is_local_api(config),
