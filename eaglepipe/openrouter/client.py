@@ -30,6 +30,7 @@ import certifi
 import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from eaglepipe.openrouter.answer_transport import answer_transport
 from eaglepipe.openrouter.appendlog import AppendLog
 from eaglepipe.openrouter.breaker import ProviderBreaker
 from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
@@ -41,7 +42,6 @@ from eaglepipe.openrouter.progress import ProgressLine, ProviderStats, format_et
 from eaglepipe.openrouter.recovery import check_key, recover_generations
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
-from eaglepipe.openrouter.stream_transport import event_stream_transport
 from eaglepipe.openrouter.verdict import Verdict, verdict
 
 log = logging.getLogger(__name__)
@@ -560,7 +560,7 @@ def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[ht
     connection list once per idle connection whenever a request starts or ends, so a pool costs O(size^2)
     per request: 2000 in one pool is hopeless, 250 still dominated the client's CPU, 50 does not (see
     bench/generation_client.py). Capping idle connections instead makes requests pay new connections.
-    Streamed answers go through `event_stream_transport`'s own connections, the rest through httpx's."""
+    Chat completions go through `answer_transport`'s own connections, the rest through httpx's."""
     count = math.ceil(settings.concurrency / POOL_CONNECTIONS)
     size = math.ceil(settings.concurrency / count)
     tls = ssl.create_default_context(cafile=certifi.where())  # one CA load, not one per client
@@ -570,7 +570,7 @@ def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[ht
             base_url=settings.base_url.rstrip("/") + "/",
             headers=api_key.authorization_header() if api_key else {},
             limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-            transport=event_stream_transport(settings.base_url, tls, size),
+            transport=answer_transport(settings.base_url, tls, size),
             # Read = the longest gap between bytes; no pool timeout: admission caps the waiting requests.
             timeout=httpx.Timeout(settings.request_timeout_s, pool=None),
         )

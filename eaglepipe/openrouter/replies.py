@@ -136,9 +136,9 @@ async def read_streamed_reply(
     on_started: Callable[[str], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """`on_started(generation_id)` is awaited as soon as the id is known (header or first chunk), so a
-    request cut off later can still be looked up and charged. The request accepts `text/event-stream`,
-    which `stream_transport.EventStreamTransport` reads (when the client has it) in batches of events;
-    uncompressed, so that its wake-up hints (`"error"`, `[DONE]`) can be found in the bytes."""
+    request cut off later can still be looked up and charged. The body is asked uncompressed, so that
+    `answer_transport`'s wake-up hints (`"error"`, `[DONE]`) can be found in its bytes; with that
+    transport the body comes in batches of events."""
     async with http.stream("POST", "chat/completions", json=body, headers=EVENT_STREAM) as response:
         if response.status_code != 200:
             await response.aread()

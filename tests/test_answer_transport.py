@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from eaglepipe.openrouter.replies import RequestFailed, _EventReader, read_streamed_reply
-from eaglepipe.openrouter.stream_transport import BATCH_BYTES, event_stream_transport
+from eaglepipe.openrouter.answer_transport import BATCH_BYTES, answer_transport
+from eaglepipe.openrouter.replies import RequestFailed, _EventReader, read_reply, read_streamed_reply
 
 SECRET = "sk-or-v1-TESTSECRET0123456789"
 
@@ -158,7 +158,7 @@ def reset_after(data: bytes) -> Script:
 
 
 async def streamed(url: str, started: list[str], read_timeout_s: float = 10.0) -> dict[str, Any]:
-    transport = event_stream_transport(url, ssl.create_default_context(), 4)
+    transport = answer_transport(url, ssl.create_default_context(), 4)
     assert transport is not None
     async with httpx.AsyncClient(
         base_url=url,
@@ -186,7 +186,7 @@ def test_a_stream_split_anywhere_is_read_whole_and_its_connection_reused() -> No
             [byte_by_byte(STREAM_HEAD + split[:600], then=split[600:]), whole(STREAM_HEAD + split)]
         )
         async with server as url:
-            transport = event_stream_transport(url, ssl.create_default_context(), 4)
+            transport = answer_transport(url, ssl.create_default_context(), 4)
             assert transport is not None
             async with httpx.AsyncClient(base_url=url, transport=transport) as http:
                 replies = [await read_streamed_reply(http, {"stream": True}) for _ in range(2)]
@@ -323,7 +323,37 @@ def test_a_proxy_from_the_environment_leaves_streams_to_httpx(monkeypatch: pytes
     tls = ssl.create_default_context()
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
     monkeypatch.setenv("NO_PROXY", "localhost")
-    assert event_stream_transport("https://openrouter.ai/api/v1", tls, 4) is None
-    assert event_stream_transport("https://localhost:8000/api/v1", tls, 4) is not None
+    assert answer_transport("https://openrouter.ai/api/v1", tls, 4) is None
+    assert answer_transport("https://localhost:8000/api/v1", tls, 4) is not None
     monkeypatch.delenv("HTTPS_PROXY")
-    assert event_stream_transport("https://openrouter.ai/api/v1", tls, 4) is not None
+    assert answer_transport("https://openrouter.ai/api/v1", tls, 4) is not None
+
+
+def test_a_plain_answer_is_read_whole_in_pieces_and_its_connection_reused() -> None:
+    answer = {
+        "id": "gen-p",
+        "provider": "Fake",
+        "choices": [{"index": 0, "message": {"content": "data: not an event"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "cost": 0.003},
+    }
+    body = json.dumps(answer).encode()
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-generation-id: gen-p\r\n"
+    response = head + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def main() -> tuple[list[dict[str, Any]], list[str], RawServer]:
+        started: list[str] = []
+
+        async def on_started(generation_id: str) -> None:
+            started.append(generation_id)
+
+        server = RawServer([byte_by_byte(response), whole(response)])
+        async with server as url:
+            transport = answer_transport(url, ssl.create_default_context(), 4)
+            assert transport is not None
+            async with httpx.AsyncClient(base_url=url, transport=transport) as http:
+                replies = [await read_reply(http, {"model": "m"}, on_started) for _ in range(2)]
+        return replies, started, server
+
+    replies, started, server = asyncio.run(main())
+    assert [reply["response"]["content"] for reply in replies] == ["data: not an event"] * 2
+    assert started == ["gen-p", "gen-p"] and server.connections == 1

@@ -1,26 +1,28 @@
-"""An HTTP/1.1 transport for event streams, below httpx, that reads each connection a few times a second
-rather than once per event.
+"""An HTTP/1.1 transport for chat completions, below httpx, that reads a streamed answer's connection a
+few times a second rather than once per event.
 
 Why: a streamed answer arrives one small chunk per token, and httpx reads each through httpcore, h11 and
 anyio (a timeout scope, an epoll registration and a parser event per chunk): most of the client's CPU at
-one token per event (bench/generation_client.py --seeds). Here an asyncio `Protocol` decodes the chunked
-body as bytes arrive, and two things make the cost per event small:
-- After each read of a body the socket rests `REST_S` unread (`pause_reading`): the events sent meanwhile
-  wait in the kernel and come in one read, so the event loop's wake-up, `recv` and parse are paid per
-  rest, not per event. An answer's end is seen up to `REST_S` late; the first event is read at once (it
-  carries the generation id, which must be journaled early). Over TLS, asyncio's SSL layer keeps reading
-  the socket while the connection rests (up to its own buffer limit), but decrypts and parses per rest.
+one token per event (bench/generation_client.py --seeds). Here an asyncio `Protocol` decodes the body as
+bytes arrive, and two things make the cost per event small:
+- After each read of an event stream's body the socket rests `REST_S` unread (`pause_reading`): the
+  events sent meanwhile wait in the kernel and come in one read, so the event loop's wake-up, `recv` and
+  parse are paid per rest, not per event. An answer's end is seen up to `REST_S` late; the first event is
+  read at once (it carries the generation id, which must be journaled early). Over TLS, asyncio's SSL
+  layer keeps reading the socket while the connection rests (up to its own buffer limit), but decrypts
+  and parses per rest.
 - The reader (httpx's response stream) is woken only when it has work: the first event, every
   `BATCH_BYTES`, bytes that may end the answer (`URGENT`: an error chunk, after which a server may keep
   the connection open, and `[DONE]`), the end of the body, or a failure.
+A plain (JSON) answer is read without rests; it is cheaper here too, without httpcore's pool bookkeeping.
 
-Only requests that accept `text/event-stream` come here; everything else goes to the `fallback` httpx
-transport, and where a proxy from the environment serves the URL httpx keeps everything
-(`event_stream_transport`). Failures are httpx's own exceptions (`ConnectError`, `ConnectTimeout`,
-`ReadTimeout`, `ReadError`, `RemoteProtocolError`), so callers handle them as before; no header (the API
-key's) is ever part of one. The read timeout is httpx's, the longest gap between two reads (a rest counts
-as reading). Connections are kept alive and reused per origin, LIFO, at most `keep_alive` idle; their
-number is bounded by the callers' workers, one request each.
+Only `POST .../chat/completions` comes here; everything else goes to the `fallback` httpx transport, and
+where a proxy from the environment serves the URL httpx keeps everything (`answer_transport`). Failures
+are httpx's own exceptions (`ConnectError`, `ConnectTimeout`, `ReadTimeout`, `ReadError`,
+`RemoteProtocolError`), so callers handle them as before; no header (the API key's) is ever part of one.
+The read timeout is httpx's, the longest gap between two reads (a rest counts as reading). Connections
+are kept alive and reused per origin, LIFO, at most `keep_alive` idle; their number is bounded by the
+callers' workers, one request each.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
+ROUTE = "/chat/completions"
 BATCH_BYTES = 16384
 URGENT = (b'"error"', b"[DONE]")
 MAX_HEAD_BYTES = 65536
@@ -41,9 +44,9 @@ DRAIN_S = 2 * REST_S  # how long a connection whose reader stopped early may tak
 PAUSE_BYTES = 1 << 20  # a reader this far behind stops the socket's reads until it catches up
 
 
-def event_stream_transport(
+def answer_transport(
     base_url: str, ssl_context: ssl.SSLContext, connections: int
-) -> EventStreamTransport | None:
+) -> AnswerTransport | None:
     """The transport for an httpx client of `connections` kept-alive connections to `base_url`; None
     where a proxy from the environment serves that URL (httpx honours those only with its own transport,
     which then reads streams too)."""
@@ -54,11 +57,11 @@ def event_stream_transport(
         return None
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     fallback = httpx.AsyncHTTPTransport(verify=ssl_context, limits=limits)
-    return EventStreamTransport(fallback, ssl_context, keep_alive=connections)
+    return AnswerTransport(fallback, ssl_context, keep_alive=connections)
 
 
-class EventStreamTransport(httpx.AsyncBaseTransport):
-    """Event-stream requests over this module's connections; all others through `fallback`."""
+class AnswerTransport(httpx.AsyncBaseTransport):
+    """Chat completions over this module's connections; all other requests through `fallback`."""
 
     def __init__(
         self, fallback: httpx.AsyncBaseTransport, ssl_context: ssl.SSLContext | None, keep_alive: int
@@ -69,7 +72,7 @@ class EventStreamTransport(httpx.AsyncBaseTransport):
         self._idle: dict[tuple[bytes, bytes, int], list[_Connection]] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.headers.get("accept") != "text/event-stream":
+        if request.method != "POST" or not request.url.path.endswith(ROUTE):
             return await self._fallback.handle_async_request(request)
         timeouts = request.extensions.get("timeout") or {}
         url = request.url
@@ -143,7 +146,7 @@ class _Body(httpx.AsyncByteStream):
     def __init__(
         self,
         connection: _Connection,
-        transport: EventStreamTransport,
+        transport: AnswerTransport,
         origin: tuple[bytes, bytes, int],
         read_timeout: float | None,
     ) -> None:
@@ -196,6 +199,7 @@ class _Connection(asyncio.Protocol):
         self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
         self.body: list[bytes] = []
         self.body_bytes = 0
+        self.event_stream = False  # an SSE body: read in rests once its first event is handed over
         self.eager = True  # until the first event has been handed over
         self.complete = False
         self.keep_alive = True
@@ -296,7 +300,7 @@ class _Connection(asyncio.Protocol):
                 self._wake()
             elif added is not None:
                 if self.eager:
-                    self.eager = b"data:" not in added
+                    self.eager = not self.event_stream or b"data:" not in added
                     self._wake()
                 elif URGENT[0] in added or URGENT[1] in added:
                     self._wake()
@@ -391,6 +395,7 @@ class _Connection(asyncio.Protocol):
                 raise httpx.RemoteProtocolError("malformed response header line")
             headers.append((name.strip(), value.strip()))
         fields = {name.lower(): value.lower() for name, value in headers}
+        self.event_stream = b"text/event-stream" in fields.get(b"content-type", b"")
         self.keep_alive = version == b"HTTP/1.1" and b"close" not in fields.get(b"connection", b"")
         reason = parts[2] if len(parts) > 2 else b""
         self.head = (status, reason, headers)
