@@ -5,11 +5,13 @@ and resets, as real connections do."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import socket
 import ssl
 import struct
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -75,15 +77,16 @@ class RawServer:
     """An HTTP/1.1 server on loopback that answers each request with the next script; counts connections
     and keeps the requests' heads."""
 
-    def __init__(self, scripts: list[Script]) -> None:
+    def __init__(self, scripts: list[Script], tls: ssl.SSLContext | None = None) -> None:
         self.scripts = scripts
+        self.tls = tls
         self.connections = 0
         self.heads: list[bytes] = []
 
     async def __aenter__(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         port = self.server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}/api/v1/"
+        return f"{'https' if self.tls else 'http'}://localhost:{port}/api/v1/"
 
     async def __aexit__(self, *exc: object) -> None:
         self.server.close()
@@ -357,3 +360,65 @@ def test_a_plain_answer_is_read_whole_in_pieces_and_its_connection_reused() -> N
     replies, started, server = asyncio.run(main())
     assert [reply["response"]["content"] for reply in replies] == ["data: not an event"] * 2
     assert started == ["gen-p", "gen-p"] and server.connections == 1
+
+
+def self_signed(folder: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context with a fresh self-signed certificate for localhost, and a client that trusts it."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert_path, key_path)
+    return server, ssl.create_default_context(cafile=str(cert_path))
+
+
+def test_a_stream_over_tls_is_read_whole_in_rests_and_its_connection_reused(tmp_path: Path) -> None:
+    server_tls, client_tls = self_signed(tmp_path)
+    events = [event(content_chunk(f"t{i}")) for i in range(29)] + [event(content_chunk("t29", "stop"))]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(STREAM_HEAD)
+        for piece in [*events, event(USAGE_CHUNK), b"data: [DONE]\n\n"]:
+            writer.write(chunked(piece))
+            await writer.drain()
+            await asyncio.sleep(0.02)  # 0.6 s in all: more than one rest
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def main() -> tuple[list[dict[str, Any]], RawServer]:
+        server = RawServer([script, script], tls=server_tls)
+        async with server as url:
+            transport = answer_transport(url, client_tls, 4)
+            assert transport is not None
+            async with httpx.AsyncClient(base_url=url, transport=transport) as http:
+                replies = [await read_streamed_reply(http, {"stream": True}) for _ in range(2)]
+        return replies, server
+
+    replies, server = asyncio.run(main())
+    for reply in replies:
+        assert reply["response"]["content"] == "".join(f"t{i}" for i in range(30))
+        assert reply["usage"]["cost"] == 0.002
+    assert server.connections == 1
