@@ -44,9 +44,7 @@ DRAIN_S = 2 * REST_S  # how long a connection whose reader stopped early may tak
 PAUSE_BYTES = 1 << 20  # a reader this far behind stops the socket's reads until it catches up
 
 
-def answer_transport(
-    base_url: str, ssl_context: ssl.SSLContext, connections: int
-) -> AnswerTransport | None:
+def answer_transport(base_url: str, ssl_context: ssl.SSLContext, connections: int) -> AnswerTransport | None:
     """The transport for an httpx client of `connections` kept-alive connections to `base_url`; None
     where a proxy from the environment serves that URL (httpx honours those only with its own transport,
     which then reads streams too)."""
