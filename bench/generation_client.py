@@ -7,7 +7,9 @@ AsyncOpenAI with an asyncio.Semaphore, each streamed with 1 and with 8 tokens pe
 streamed. The ideal rate is `in_flight x mean tokens / (latency + mean tokens / per-request tok/s)`, what
 the emulator's schedule allows if the client never lags;
 the rate is measured from the emulator's token counter between the first half-pool of answers and the
-last prompt sent (the ramp and the heavy-tailed drain excluded).
+last prompt sent (the ramp and the heavy-tailed drain excluded). Client CPU counts from after the client's
+imports (start-up is once per job). "of which streaming" is a streamed row's CPU per response less its
+client's not-streamed row's, per event: what streaming itself costs, the per-answer work taken out.
 
     python bench/generation_client.py                      # the full table
     python bench/generation_client.py --in-flight 50 --requests 200 --tokens-per-s 100   # a smoke run
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import resource
@@ -128,7 +131,11 @@ PREVIOUS = "eaglepipe, previous tree"
 # The seeds send ~18 answers/s of ~1,700 tokens at one token per event (30k events/s); two cores shared
 # with the emulator serve ~4k events/s, so: 150 in flight, 600-token answers at 30 tok/s per request.
 SEEDS_SHAPE = {
-    "in_flight": 150, "requests": 450, "mean_tokens": 600, "tokens_per_s": 30.0, "max_tokens": 2000
+    "in_flight": 150,
+    "requests": 450,
+    "mean_tokens": 600,
+    "tokens_per_s": 30.0,
+    "max_tokens": 2000,
 }
 
 
@@ -139,6 +146,8 @@ def client_process(args: argparse.Namespace) -> None:
 
         client.POOL_CONNECTIONS = args.in_flight
     run = run_openai if args.client == "openai+semaphore" else run_eaglepipe
+    # Imported before the clock starts: start-up is paid once per job, not per answer.
+    importlib.import_module("openai" if run is run_openai else "eaglepipe.openrouter.client")
     cpu, wall = time.process_time(), time.monotonic()
     tokens = asyncio.run(run(args.url, args.requests, args.in_flight, args.stream, args.max_tokens))
     print(
@@ -240,23 +249,41 @@ def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int
         "client_cpu_ms_per_response": measured["cpu_s"] / responses * 1000,
         # Everything the client spent, per SSE event (its per-response work included): an upper bound.
         "client_cpu_us_per_event": measured["cpu_s"] / events * 1e6 if events else None,
+        "events_per_response": events / responses if events else None,
         "client_cores": measured["cpu_s"] / measured["wall_s"],
         "peak_rss_mb": measured["peak_rss_mb"],
         "emulator_cpu_ms_per_response": measured["emulator_cpu_s"] / responses * 1000,
     }
 
 
+def add_streaming_cost(rows: list[dict[str, Any]]) -> None:
+    """What streaming adds per event: a streamed row's CPU per response less its client's not-streamed
+    row's, over the events of a response (the per-answer work both pay cancels out)."""
+    plain = {r["client"]: r for r in rows if r["events_per_response"] is None}
+    for r in rows:
+        base = plain.get(r["client"])
+        r["streaming_cpu_us_per_event"] = (
+            (r["client_cpu_ms_per_response"] - base["client_cpu_ms_per_response"])
+            * 1000
+            / r["events_per_response"]
+            if base and r["events_per_response"]
+            else None
+        )
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| client | mode | responses | tok/s | of ideal | client CPU ms/resp | client CPU us/event | "
-        "client cores | peak RSS MB | emulator CPU ms/resp |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "of which streaming us/event | client cores | peak RSS MB | emulator CPU ms/resp |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         per_event = f"{r['client_cpu_us_per_event']:.0f}" if r["client_cpu_us_per_event"] else "-"
+        streaming = r.get("streaming_cpu_us_per_event")
         lines.append(
             f"| {r['client']} | {r['mode']} | {r['responses']} | {r['tok_s']:,.0f} | {r['of_ideal']:.0%} | "
-            f"{r['client_cpu_ms_per_response']:.2f} | {per_event} | {r['client_cores']:.2f} | "
+            f"{r['client_cpu_ms_per_response']:.2f} | {per_event} | "
+            f"{'-' if streaming is None else f'{streaming:.0f}'} | {r['client_cores']:.2f} | "
             f"{r['peak_rss_mb']:.0f} | {r['emulator_cpu_ms_per_response']:.2f} |"
         )
     return "\n".join(lines)
@@ -294,6 +321,7 @@ def main() -> None:
         f"{args.in_flight} in flight, {args.requests} requests, {args.tokens_per_s:g} tok/s per request, "
         f"mean {args.mean_tokens} tokens, first token after {args.latency_s:g} s"
     )
+    add_streaming_cost(rows)
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

@@ -31,6 +31,7 @@ import certifi
 import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from eaglepipe.openrouter.answer_transport import answer_transport
 from eaglepipe.openrouter.appendlog import AppendLog
 from eaglepipe.openrouter.breaker import ProviderBreaker
 from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
@@ -617,7 +618,8 @@ def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[ht
     """Clients of at most POOL_CONNECTIONS connections each, all kept alive. httpcore (1.0.x) scans its
     connection list once per idle connection whenever a request starts or ends, so a pool costs O(size^2)
     per request: 2000 in one pool is hopeless, 250 still dominated the client's CPU, 50 does not (see
-    bench/generation_client.py). Capping idle connections instead makes requests pay new connections."""
+    bench/generation_client.py). Capping idle connections instead makes requests pay new connections.
+    Chat completions go through `answer_transport`'s own connections, the rest through httpx's."""
     count = math.ceil(settings.concurrency / POOL_CONNECTIONS)
     size = math.ceil(settings.concurrency / count)
     tls = ssl.create_default_context(cafile=certifi.where())  # one CA load, not one per client
@@ -627,6 +629,7 @@ def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[ht
             base_url=settings.base_url.rstrip("/") + "/",
             headers=api_key.authorization_header() if api_key else {},
             limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            transport=answer_transport(settings.base_url, tls, size),
             # Read = the longest gap between bytes; no pool timeout: admission caps the waiting requests.
             timeout=httpx.Timeout(settings.request_timeout_s, pool=None),
         )

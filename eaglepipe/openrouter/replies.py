@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -127,56 +127,107 @@ def _logprob_entries(logprobs: Any) -> list[dict[str, Any]]:
     ]
 
 
+EVENT_STREAM = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
+
+
 async def read_streamed_reply(
     http: httpx.AsyncClient,
     body: dict[str, Any],
     on_started: Callable[[str], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """`on_started(generation_id)` is awaited as soon as the id is known (header or first chunk), so a
-    request cut off later can still be looked up and charged."""
-    async with http.stream("POST", "chat/completions", json=body) as response:
+    request cut off later can still be looked up and charged. The body is asked uncompressed, so that
+    `answer_transport`'s wake-up hints (`"error"`, `[DONE]`) can be found in its bytes; with that
+    transport the body comes in batches of events."""
+    async with http.stream("POST", "chat/completions", json=body, headers=EVENT_STREAM) as response:
         if response.status_code != 200:
             await response.aread()
             raise _http_failure(response)
         stream = _StreamedAnswer(response.headers.get("x-generation-id"))
         if stream.generation_id and on_started:
             await on_started(stream.generation_id)
-        async for payload in _data_payloads(response):
-            if payload == b"[DONE]":
+        events = _EventReader()
+        async for piece in response.aiter_bytes():
+            await stream.add_events(events.feed(piece), on_started)
+            if events.done:
                 break
-            try:
-                chunk = json.loads(payload)
-            except ValueError:
-                raise RequestFailed(None, "stream sent a data line that is not JSON") from None
-            first_id = stream.generation_id is None and chunk.get("id")
-            stream.add(chunk)
-            if first_id and on_started:
-                await on_started(stream.generation_id)
+        else:
+            await stream.add_events(events.end(), on_started)
         if stream.finish_reason is None:
             raise stream.context().failed("the stream ended without a finish_reason", "network")
         return _record_fields(stream.answer(), stream.provider, stream.generation_id, stream.usage, response)
 
 
-async def _data_payloads(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The payload of each `data:` line, as bytes, read straight from the connection's chunks.
+class _EventReader:
+    """Splits an SSE body into the payloads of its events, as bytes, across arbitrary read boundaries.
 
-    The lean path: no text decoding and no str line per event (httpx's `aiter_lines` decodes and splits
-    every chunk through two more generators), only a split on newlines; JSON parses bytes as they are.
-    Blank lines (event ends), `:` keep-alive comments and other fields are skipped; a line split across
-    two reads is joined first.
+    As the SSE format says: lines end in LF or CRLF, an event ends at a blank line, its `data:` lines are
+    joined with newlines, `:` lines are comments (OpenRouter's keep-alive `: OPENROUTER PROCESSING`), other
+    fields are ignored. `[DONE]` ends the stream (`done`); nothing after it is read. A last event that the
+    body ends without a blank line still counts. Each `feed` splits a whole read with C calls (one
+    `split`), so the per-event Python work is a few comparisons.
     """
-    pending = b""
-    async for piece in response.aiter_bytes():
-        if pending:
-            piece, pending = pending + piece, b""
-        start = 0
-        while (end := piece.find(b"\n", start)) != -1:
-            if piece.startswith(b"data:", start):
-                yield piece[start + 5 : end].strip()
-            start = end + 1
-        pending = piece[start:]
-    if pending.startswith(b"data:"):
-        yield pending[5:].strip()
+
+    def __init__(self) -> None:
+        self._partial = b""  # an unfinished line
+        self._data: list[bytes] = []  # the data lines of the event being read
+        self.done = False
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        if self._partial:
+            piece = self._partial + piece
+        carry = b""
+        if b"\r" in piece:
+            if piece.endswith(b"\r"):  # its LF may come with the next read
+                piece, carry = piece[:-1], b"\r"
+            piece = piece.replace(b"\r\n", b"\n")
+        lines = piece.split(b"\n")
+        self._partial = lines.pop() + carry
+        return self._events(lines)
+
+    def end(self) -> list[bytes]:
+        """The body ended: an unfinished last line and event count as finished."""
+        lines = [self._partial.rstrip(b"\r"), b""] if self._partial else [b""]
+        self._partial = b""
+        return self._events(lines)
+
+    def _events(self, lines: list[bytes]) -> list[bytes]:
+        payloads, data = [], self._data
+        for line in lines:
+            if not line:
+                if data:
+                    payload = data[0] if len(data) == 1 else b"\n".join(data)
+                    data.clear()
+                    if payload == b"[DONE]":
+                        self.done = True
+                        return payloads
+                    payloads.append(payload)
+            elif line.startswith(b"data:"):
+                data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+        return payloads
+
+
+def _parsed(payloads: list[bytes]) -> list[dict[str, Any]]:
+    """The JSON chunks of a batch of events, parsed in one call (a JSON array of them: the per-call cost
+    of `json.loads` is most of a small chunk's). A batch that does not come out as one object per event
+    is parsed event by event, which finds the bad one."""
+    if not payloads:
+        return []
+    try:
+        chunks = json.loads(b"[" + b",".join(payloads) + b"]")
+    except ValueError:
+        chunks = None
+    if chunks is None or len(chunks) != len(payloads) or not all(type(chunk) is dict for chunk in chunks):
+        chunks = []
+        for payload in payloads:
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                raise RequestFailed(None, "stream sent a data line that is not JSON") from None
+            if not isinstance(chunk, dict):
+                raise RequestFailed(None, "stream sent a data line that is not a JSON object")
+            chunks.append(chunk)
+    return chunks
 
 
 class _FailureContext:
@@ -237,29 +288,46 @@ class _StreamedAnswer:
     def context(self) -> _FailureContext:
         return _FailureContext(self.generation_id, self.provider, self.usage)
 
+    async def add_events(
+        self, payloads: list[bytes], on_started: Callable[[str], Awaitable[None]] | None
+    ) -> None:
+        """Adds a batch of events in order; the first id seen is journaled before any later chunk (an
+        error chunk among them included) is read."""
+        for chunk in _parsed(payloads):
+            first_id = self.generation_id is None and chunk.get("id")
+            self.add(chunk)
+            if first_id and on_started:
+                await on_started(first_id)
+
     def add(self, chunk: dict[str, Any]) -> None:
         self.generation_id = self.generation_id or chunk.get("id")
         self.provider = self.provider or chunk.get("provider")
         self.usage = chunk.get("usage") or self.usage
         if chunk.get("error"):
             raise self.context().error_in_body(chunk["error"])
-        for choice in chunk.get("choices") or []:
+        for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
-            if choice.get("finish_reason") == "error":
+            finish_reason = choice.get("finish_reason")
+            if finish_reason == "error":
                 raise self.context().error_in_body(choice.get("error") or {})
-            delta = choice.get("delta") or {}
-            self.content.append(delta.get("content") or "")
-            self.reasoning.append(delta.get("reasoning") or "")
-            self.reasoning_content.append(delta.get("reasoning_content") or "")
-            for item in delta.get("reasoning_details") or []:
-                self._add_reasoning_detail(item)
-            for call in delta.get("tool_calls") or []:
-                self._add_tool_call(call)
+            delta = choice.get("delta")
+            if delta:  # each field looked at only when sent: this runs once per token
+                if text := delta.get("content"):
+                    self.content.append(text)
+                if text := delta.get("reasoning"):
+                    self.reasoning.append(text)
+                if text := delta.get("reasoning_content"):
+                    self.reasoning_content.append(text)
+                for item in delta.get("reasoning_details") or ():
+                    self._add_reasoning_detail(item)
+                for call in delta.get("tool_calls") or ():
+                    self._add_tool_call(call)
             if choice.get("token_ids") is not None:
                 self.token_ids = (self.token_ids or []) + list(choice["token_ids"])
-            self.logprobs += _logprob_entries(choice.get("logprobs"))
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            if logprobs := choice.get("logprobs"):
+                self.logprobs += _logprob_entries(logprobs)
+            self.finish_reason = finish_reason or self.finish_reason
 
     def _add_tool_call(self, fragment: dict[str, Any]) -> None:
         """Id, type and name come once; the arguments string arrives in pieces. A fragment with an id

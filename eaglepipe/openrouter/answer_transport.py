@@ -1,0 +1,451 @@
+"""An HTTP/1.1 transport for chat completions, below httpx, that reads a streamed answer's connection a
+few times a second rather than once per event.
+
+Why: a streamed answer arrives one small chunk per token, and httpx reads each through httpcore, h11 and
+anyio (a timeout scope, an epoll registration and a parser event per chunk): most of the client's CPU at
+one token per event (bench/generation_client.py --seeds). Here an asyncio `Protocol` decodes the body as
+bytes arrive, and two things make the cost per event small:
+- After each read of an event stream's body the socket rests `REST_S` unread (`pause_reading`): the
+  events sent meanwhile wait in the kernel and come in one read, so the event loop's wake-up, `recv` and
+  parse are paid per rest, not per event. An answer's end is seen up to `REST_S` late; the first event is
+  read at once (it carries the generation id, which must be journaled early). Over TLS, asyncio's SSL
+  layer keeps reading the socket while the connection rests (up to its own buffer limit), but decrypts
+  and parses per rest.
+- The reader (httpx's response stream) is woken only when it has work: the first event, every
+  `BATCH_BYTES`, bytes that may end the answer (`URGENT`: an error chunk, after which a server may keep
+  the connection open, and `[DONE]`), the end of the body, or a failure.
+A plain (JSON) answer is read without rests; it is cheaper here too, without httpcore's pool bookkeeping.
+
+Only `POST .../chat/completions` comes here; everything else goes to the `fallback` httpx transport, and
+where a proxy from the environment serves the URL httpx keeps everything (`answer_transport`). Failures
+are httpx's own exceptions (`ConnectError`, `ConnectTimeout`, `ReadTimeout`, `ReadError`,
+`RemoteProtocolError`), so callers handle them as before; no header (the API key's) is ever part of one.
+The read timeout is httpx's, the longest gap between two reads (a rest counts as reading). Connections
+are kept alive and reused per origin, LIFO, at most `keep_alive` idle; their number is bounded by the
+callers' workers, one request each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+
+ROUTE = "/chat/completions"
+BATCH_BYTES = 16384
+URGENT = (b'"error"', b"[DONE]")
+MAX_HEAD_BYTES = 65536
+REST_S = 0.5  # after each read of a body, the socket is left unread this long (module docstring)
+DRAIN_S = 2 * REST_S  # how long a connection whose reader stopped early may take to finish its body
+PAUSE_BYTES = 1 << 20  # a reader this far behind stops the socket's reads until it catches up
+
+
+def answer_transport(base_url: str, ssl_context: ssl.SSLContext, connections: int) -> AnswerTransport | None:
+    """The transport for an httpx client of `connections` kept-alive connections to `base_url`; None
+    where a proxy from the environment serves that URL (httpx honours those only with its own transport,
+    which then reads streams too)."""
+    url = urllib.parse.urlsplit(base_url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass(url.hostname or ""):
+        return None
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    fallback = httpx.AsyncHTTPTransport(verify=ssl_context, limits=limits)
+    return AnswerTransport(fallback, ssl_context, keep_alive=connections)
+
+
+class AnswerTransport(httpx.AsyncBaseTransport):
+    """Chat completions over this module's connections; all other requests through `fallback`."""
+
+    def __init__(
+        self, fallback: httpx.AsyncBaseTransport, ssl_context: ssl.SSLContext | None, keep_alive: int
+    ) -> None:
+        self._fallback = fallback
+        self._ssl = ssl_context
+        self._keep_alive = keep_alive
+        self._idle: dict[tuple[bytes, bytes, int], list[_Connection]] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "POST" or not request.url.path.endswith(ROUTE):
+            return await self._fallback.handle_async_request(request)
+        timeouts = request.extensions.get("timeout") or {}
+        url = request.url
+        origin = (url.raw_scheme, url.raw_host, url.port or (443 if url.raw_scheme == b"https" else 80))
+        body = b"".join([part async for part in request.stream])
+        connection = self._idle_connection(origin) or await self._connect(origin, timeouts.get("connect"))
+        head = [request.method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
+        for name, value in request.headers.raw:
+            head += [name, b": ", value, b"\r\n"]
+        if "content-length" not in request.headers and "transfer-encoding" not in request.headers:
+            head.append(b"Content-Length: %d\r\n" % len(body))
+        try:
+            connection.send(b"".join([*head, b"\r\n", body]))
+            await connection.wait_for(lambda: connection.head is not None, timeouts.get("read"))
+        except BaseException:
+            connection.close()
+            raise
+        status, reason, headers = connection.head  # type: ignore[misc]
+        return httpx.Response(
+            status,
+            headers=headers,
+            stream=_Body(connection, self, origin, timeouts.get("read")),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
+            request=request,
+        )
+
+    def _idle_connection(self, origin: tuple[bytes, bytes, int]) -> _Connection | None:
+        idle = self._idle.get(origin) or []
+        while idle:
+            connection = idle.pop()
+            if connection.reusable():
+                connection.reset()
+                return connection
+            connection.close()
+        return None
+
+    def release(self, origin: tuple[bytes, bytes, int], connection: _Connection) -> None:
+        idle = self._idle.setdefault(origin, [])
+        if connection.reusable() and len(idle) < self._keep_alive:
+            idle.append(connection)
+        else:
+            connection.close()
+
+    async def _connect(self, origin: tuple[bytes, bytes, int], timeout: float | None) -> _Connection:
+        scheme, host, port = origin
+        tls = (self._ssl or ssl.create_default_context()) if scheme == b"https" else None
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(loop), host.decode("ascii"), port, ssl=tls
+                )
+        except TimeoutError:
+            raise httpx.ConnectTimeout("timed out connecting") from None
+        except OSError as error:  # refused, unreachable, DNS, TLS (ssl.SSLError is an OSError)
+            raise httpx.ConnectError(str(error)) from None
+        return connection
+
+    async def aclose(self) -> None:
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()
+        await self._fallback.aclose()
+
+
+class _Body(httpx.AsyncByteStream):
+    """The response body in the pieces the connection gathered; the connection goes back to the pool
+    once the body has been read to its end (`aclose`: also when the reader stopped just before it)."""
+
+    def __init__(
+        self,
+        connection: _Connection,
+        transport: AnswerTransport,
+        origin: tuple[bytes, bytes, int],
+        read_timeout: float | None,
+    ) -> None:
+        self._connection = connection
+        self._transport = transport
+        self._origin = origin
+        self._read_timeout = read_timeout
+        self._open = True
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        connection = self._connection
+        while True:
+            if connection.body:
+                yield connection.take()
+            elif connection.complete:
+                break
+            elif connection.error is not None:
+                raise connection.error
+            else:
+                await connection.wait_for(connection.ready, self._read_timeout)
+        self._open = False
+        self._transport.release(self._origin, connection)
+
+    async def aclose(self) -> None:
+        """A reader that stops at `[DONE]` leaves the body's last bytes (the closing chunk) on their way:
+        the connection goes back to the pool when they arrive, and is closed if they do not soon."""
+        if self._open:
+            self._open = False
+            self._connection.release_when_complete(
+                lambda: self._transport.release(self._origin, self._connection), DRAIN_S
+            )
+
+
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _LENGTH, _UNTIL_CLOSE, _DONE = range(8)
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection: parses the response head and decodes the body in `data_received`,
+    gathering body bytes in `body` until the reader is due a wake-up (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._resting = False
+        self.lost = False
+        self.reset()
+
+    def reset(self) -> None:
+        """Ready for the next response on this connection."""
+        self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.event_stream = False  # an SSE body: read in rests once its first event is handed over
+        self.eager = True  # until the first event has been handed over
+        self.complete = False
+        self.keep_alive = True
+        self.error: Exception | None = None
+        self._state = _HEAD
+        self._pending = b""
+        self._remaining = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._on_complete: Callable[[], None] | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self.last_read = self._loop.time()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def send(self, data: bytes) -> None:
+        assert self._transport is not None
+        self._transport.write(data)
+
+    def reusable(self) -> bool:
+        return (
+            self.complete
+            and self.keep_alive
+            and not self.lost
+            and not self._pending
+            and self._transport is not None
+            and not self._transport.is_closing()
+        )
+
+    def close(self) -> None:
+        self.lost = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def release_when_complete(self, release: Callable[[], None], within_s: float) -> None:
+        if self.complete:
+            release()
+        elif self.head is None or self.error is not None or self.lost:
+            self.close()
+        else:
+            self._on_complete = release
+            self._drain_timer = self._loop.call_later(within_s, self._drain_timeout)
+
+    def _drain_timeout(self) -> None:
+        self._on_complete = None
+        self.close()
+
+    def take(self) -> bytes:
+        data = b"".join(self.body) if len(self.body) > 1 else self.body[0]
+        self.body.clear()
+        self.body_bytes = 0
+        return data
+
+    def ready(self) -> bool:
+        return bool(self.body) or self.complete or self.error is not None
+
+    async def wait_for(self, condition: Callable[[], bool], timeout: float | None) -> None:
+        """Until `condition()` holds or the connection fails; ReadTimeout after `timeout` s without bytes."""
+        while not condition():
+            if self.error is not None:
+                raise self.error
+            self._waiter = self._loop.create_future()
+            if timeout is not None:
+                self._timer = self._loop.call_at(self.last_read + timeout, self._idle, timeout)
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+
+    def _idle(self, timeout: float) -> None:
+        """The read timer: fails the connection once `timeout` s passed without bytes, else re-arms."""
+        if self._resting:
+            self._timer = self._loop.call_later(REST_S, self._idle, timeout)
+        elif self._loop.time() - self.last_read >= timeout:
+            self._fail(httpx.ReadTimeout("timed out reading the response"))
+        else:
+            self._timer = self._loop.call_at(self.last_read + timeout, self._idle, timeout)
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = self._loop.time()
+        try:
+            added = self._parse(self._pending + data if self._pending else data)
+        except httpx.RemoteProtocolError as error:
+            self._fail(error)
+            return
+        if self.head is None:
+            return
+        if self._waiter is not None:
+            if self.complete or self.body_bytes >= BATCH_BYTES:
+                self._wake()
+            elif added is not None:
+                if self.eager:
+                    self.eager = not self.event_stream or b"data:" not in added
+                    self._wake()
+                elif URGENT[0] in added or URGENT[1] in added:
+                    self._wake()
+        if not (self.eager or self.complete or self._resting or self._transport is None):
+            self._resting = True
+            self._transport.pause_reading()
+            self._loop.call_later(REST_S, self._end_rest)
+
+    def _end_rest(self) -> None:
+        """Reads again what came meanwhile; a reader `PAUSE_BYTES` behind gets another rest first.
+        Time at rest counts as reading for the read timeout."""
+        if self.body_bytes >= PAUSE_BYTES and not self.lost:
+            self._loop.call_later(REST_S, self._end_rest)
+            return
+        self._resting = False
+        self.last_read = self._loop.time()
+        if self._transport is not None:
+            self._transport.resume_reading()
+
+    def _parse(self, data: bytes) -> bytes | None:
+        """Consumes `data`; returns the body bytes it added (for the wake-up hints), keeps a partial
+        line or head in `_pending`."""
+        position, size, added = 0, len(data), []
+        while position < size:
+            state = self._state
+            if state == _CHUNK_SIZE:
+                end = data.find(b"\r\n", position)
+                if end == -1:
+                    break
+                try:
+                    self._remaining = int(data[position:end].split(b";", 1)[0], 16)
+                except ValueError:
+                    raise httpx.RemoteProtocolError("malformed chunk size in the response body") from None
+                position = end + 2
+                self._state = _CHUNK_DATA if self._remaining else _TRAILER
+            elif state in (_CHUNK_DATA, _LENGTH):
+                end = min(size, position + self._remaining)
+                added.append(data[position:end])
+                self._remaining -= end - position
+                position = end
+                if not self._remaining:
+                    self._state = _CHUNK_END if state == _CHUNK_DATA else self._finish()
+            elif state == _CHUNK_END:
+                if size - position < 2:
+                    break
+                if data[position : position + 2] != b"\r\n":
+                    raise httpx.RemoteProtocolError("a body chunk not followed by CRLF")
+                position += 2
+                self._state = _CHUNK_SIZE
+            elif state == _TRAILER:
+                end = data.find(b"\r\n", position)
+                if end == -1:
+                    break
+                self._state = _TRAILER if end > position else self._finish()
+                position = end + 2
+            elif state == _HEAD:
+                end = data.find(b"\r\n\r\n", position)
+                if end == -1:
+                    if size - position > MAX_HEAD_BYTES:
+                        raise httpx.RemoteProtocolError("response head too long")
+                    break
+                self._read_head(data[position:end])
+                position = end + 4
+            elif state == _UNTIL_CLOSE:
+                added.append(data[position:] if position else data)
+                position = size
+            else:  # _DONE: bytes after a complete response on a connection we did not reuse yet
+                self.keep_alive = False
+                position = size
+        self._pending = data[position:] if position < size else b""
+        if not added:
+            return None
+        piece = added[0] if len(added) == 1 else b"".join(added)
+        if piece:
+            self.body.append(piece)
+            self.body_bytes += len(piece)
+        return piece
+
+    def _read_head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        try:
+            version, status = parts[0], int(parts[1])
+        except (IndexError, ValueError):
+            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:80]!r}") from None
+        if 100 <= status < 200:  # an interim answer (100 Continue): the real head follows
+            return
+        headers = []
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon:
+                raise httpx.RemoteProtocolError("malformed response header line")
+            headers.append((name.strip(), value.strip()))
+        fields = {name.lower(): value.lower() for name, value in headers}
+        self.event_stream = b"text/event-stream" in fields.get(b"content-type", b"")
+        self.keep_alive = version == b"HTTP/1.1" and b"close" not in fields.get(b"connection", b"")
+        reason = parts[2] if len(parts) > 2 else b""
+        self.head = (status, reason, headers)
+        if status in (204, 304):
+            self._state = self._finish()
+        elif b"chunked" in fields.get(b"transfer-encoding", b""):
+            self._state = _CHUNK_SIZE
+        elif b"content-length" in fields:
+            try:
+                self._remaining = int(fields[b"content-length"])
+            except ValueError:
+                raise httpx.RemoteProtocolError("malformed Content-Length") from None
+            self._state = _LENGTH if self._remaining else self._finish()
+        else:
+            self.keep_alive = False
+            self._state = _UNTIL_CLOSE
+        if self._waiter is not None:
+            self._wake()
+
+    def _finish(self) -> int:
+        self.complete = True
+        if self._on_complete is not None:
+            assert self._drain_timer is not None
+            self._drain_timer.cancel()
+            self._loop.call_soon(self._on_complete)  # once this read is parsed: `release` checks it
+            self._on_complete = None
+        return _DONE
+
+    def eof_received(self) -> bool:
+        self._closed(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed(exc)
+
+    def _closed(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.complete or self.error is not None:
+            return
+        if self._state == _UNTIL_CLOSE:
+            self.complete = True
+        elif exc is not None:
+            self._fail(httpx.ReadError(f"connection lost: {exc}"))
+        elif self.head is None:
+            self._fail(httpx.RemoteProtocolError("Server disconnected without sending a response."))
+        else:
+            self._fail(httpx.RemoteProtocolError("peer closed connection before the end of the body"))
+        self._wake()
+
+    def _fail(self, error: Exception) -> None:
+        self.error = error
+        self.lost = True
+        if self._transport is not None:
+            self._transport.close()
+        self._wake()
