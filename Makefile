@@ -63,9 +63,10 @@ demo: install
 test: install cluster-plugins browser vllm-env sglang-env
 	$(BIN)/pytest
 
-# The inner loop: everything but the end-to-end, Slurm and real-vLLM tests (about two minutes).
+# The inner loop: everything but the end-to-end, Slurm, real-vLLM and SGLang tests, two workers (one per
+# core here; most tests wait on a subprocess or a loopback server part of the time), under two minutes.
 test-fast: install cluster-plugins
-	$(BIN)/pytest -m "not slow and not slurm and not vllm and not sglang"
+	$(BIN)/pytest -n 2 --dist loadfile -m "not slow and not slurm and not vllm and not sglang"
 
 # The report test opens the report in headless Chromium (Debian's `chromium`): installed once, as root
 # (CI runs as root); elsewhere it says what to run.
