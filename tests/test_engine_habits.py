@@ -1,6 +1,6 @@
 """The token stage against the engines' own code: the synthetic Kimi corpus's true ids through vLLM's
 detokenizer and Kimi parsers and SGLang's detokenizer and Kimi parsers (eaglepipe/tokens/engines), streamed
-and not, then rebuilt from the text they return."""
+and not, then rebuilt from the text they return, the ids vLLM returns, or vLLM's logprob entries."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
+from eaglepipe.emulator.kimi_synthetic import TrueSample, bytes_of_characters, kimi_corpus
 from eaglepipe.emulator.text_like import SWITCHES, engine_reply
 from eaglepipe.tokens.engines.corpus import MODES, engine_corpus, engine_record
-from eaglepipe.tokens.methods import EXACT_METHODS, Method
+from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
 from eaglepipe.tokens.profile import ProviderPin
 from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
 from eaglepipe.tokens.target import Target
@@ -47,8 +47,25 @@ PINS = {
 }
 
 
-def rebuild(kimi, corpus, replies, *, with_ids=False, informed=False):
-    records = [engine_record(s, r, with_ids=with_ids) for s, r in zip(corpus, replies, strict=True)]
+@pytest.fixture(scope="module")
+def spelled(kimi, corpus) -> list[TrueSample]:
+    """The corpus's samples with non-ASCII text, those tokens spelled byte by byte (parts of characters)."""
+    return bytes_of_characters(kimi, corpus)
+
+
+@pytest.fixture(scope="module")
+def spelled_replies(kimi, kimi_dir, spelled, tmp_path_factory) -> dict[str, list[dict]]:
+    """mode -> vLLM's reply to each spelled sample (the only engine side that returns logprobs)."""
+    lines = engine_corpus(kimi, kimi_dir, spelled, tmp_path_factory.mktemp("spelled"), ["vllm"])
+    by_key = {(line["mode"], line["key"]): line for line in lines}
+    return {mode: [by_key[mode, s.prompt["id"]] for s in spelled] for mode in MODES}
+
+
+def rebuild(kimi, corpus, replies, *, with_ids=False, with_logprobs=False, informed=False):
+    records = [
+        engine_record(s, r, with_ids=with_ids, with_logprobs=with_logprobs)
+        for s, r in zip(corpus, replies, strict=True)
+    ]
     prompts = {s.prompt["id"]: s.prompt for s in corpus}
     pins = {records[0]["provider"]: PINS[replies[0]["engine"]]} if informed else {}
     return Rebuilder(Target(kimi), TokenSettings(providers=pins)).rebuild(prompts, records, "engines").samples
@@ -206,6 +223,33 @@ def test_shares_from_text_per_engine_and_mode(kimi, corpus, replies, capsys):
             assert not any(s.method in EXACT_METHODS for s in samples)
             with capsys.disabled():
                 print(f"\n{engine} {mode} ({'informed' if informed else 'blind'}): {shares(samples, corpus)}")
+
+
+def test_no_sample_labelled_logprob_bytes_differs_from_the_truth(
+    kimi, corpus, replies, spelled, spelled_replies, capsys
+):
+    """vLLM's logprob entries (its LogprobsProcessor's decoded tokens, sent as `_create_chat_logprobs`
+    sends them) give the corpus's ids exactly; a token that is part of a character comes back empty, so
+    those samples are refused (flagged) and rebuilt from text. The shares docs/tokens.md reports (printed)."""
+    assert len(spelled) > CORPUS_SIZE // 4
+    for mode in MODES:
+        for name, truths, lines in (
+            ("corpus", corpus, replies["vllm", mode]),
+            ("bytes of characters", spelled, spelled_replies[mode]),
+        ):
+            samples = rebuild(kimi, truths, lines, with_logprobs=True)
+            labelled = [
+                (s, t) for s, t in zip(samples, truths, strict=True) if s.method is Method.LOGPROB_BYTES
+            ]
+            for sample, truth in labelled:
+                assert sample.completion_ids == truth.ids, (mode, name, sample.prompt_id)
+            if name == "corpus":
+                assert len(labelled) > CORPUS_SIZE // 2, mode
+            else:
+                assert not labelled and all(s.flags & Flag.SERVER_IDS_REJECTED for s in samples), mode
+            with capsys.disabled():
+                exact = round(len(labelled) / len(samples), 3)
+                print(f"\nvllm {mode} logprobs, {name}: logprob_bytes {exact}, {shares(samples, truths)}")
 
 
 def test_sglang_renumbered_ids_are_read_back_to_the_models_own(kimi, corpus, replies):

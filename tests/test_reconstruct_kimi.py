@@ -20,6 +20,7 @@ from eaglepipe.emulator.kimi_synthetic import (
     HIDDEN_BY_TRIM,
     NON_CANONICAL,
     TrueSample,
+    bytes_of_characters,
     kimi_corpus,
     reply_record,
 )
@@ -164,6 +165,29 @@ def test_server_ids_that_disagree_with_the_text_are_rebuilt_instead(kimi, corpus
     rebuilt = Rebuilder(Target(kimi)).rebuild({sample.prompt["id"]: sample.prompt}, [record], "one")
     assert rebuilt.samples[0].method is not Method.SERVER_IDS
     assert rebuilt.samples[0].flags & Flag.SERVER_IDS_REJECTED
+
+
+@pytest.mark.parametrize("lossy", ["empty", "replacement"])
+def test_logprob_bytes_of_parts_of_characters_are_refused_and_rebuilt_from_text(kimi, corpus, lossy):
+    """A token that is part of a character comes back as what decoding it alone made of it: vLLM's
+    LogprobsProcessor sends "" until the character completes, a server without that correction U+FFFD.
+    Those bytes are no ids: the sample is flagged and rebuilt from its text."""
+    sample = bytes_of_characters(kimi, [s for s in corpus if s.stopped])[0]
+    record = reply_record(kimi, sample, SWITCHES["vllm_logprobs"])
+    prompts = {sample.prompt["id"]: sample.prompt}
+    as_sent = Rebuilder(Target(kimi)).rebuild(prompts, [record], "one").samples[0]
+    assert (as_sent.method, as_sent.completion_ids) == (Method.LOGPROB_BYTES, sample.ids)
+    parts = 0
+    for entry in record["response"]["logprobs"]["content"]:
+        alone = bytes(entry["bytes"]).decode("utf-8", "replace")
+        if "\ufffd" in alone:
+            entry["token"] = "" if lossy == "empty" else alone
+            entry["bytes"] = list(entry["token"].encode())
+            parts += 1
+    assert parts >= 2
+    rebuilt = Rebuilder(Target(kimi)).rebuild(prompts, [record], "one").samples[0]
+    assert rebuilt.method not in EXACT_METHODS
+    assert rebuilt.flags & Flag.SERVER_IDS_REJECTED
 
 
 def test_prompt_lengths_are_checked_against_the_bill_in_both_tool_formats(kimi, corpus, runs):

@@ -7,6 +7,7 @@ hard to rebuild from text, and each says how in `hazards`: whitespace next to sp
 engines strip), tool ids numbered from 0 (which some engines renumber), arguments with surrounding
 whitespace (which engines trim), a missing `</think>`, a cut inside a tool call or a character, and
 non-canonical splits (a token split into two that BPE would merge, or two tokens split at another byte).
+`bytes_of_characters` spells a sample's non-ASCII tokens byte by byte (tokens that are parts of a character).
 `reply_record` turns a sample into the responses.jsonl record an engine switch (`text_like`) would leave.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -333,6 +334,23 @@ def kimi_corpus(tokenizer: TargetTokenizer, count: int, seed: int = 0, length: i
     splitter = _Splitter(tokenizer)
     chat_format = tokenizer.chat_format()
     return [_sample(chat_format, rng, index, splitter, length) for index in range(count)]
+
+
+def bytes_of_characters(tokenizer: TargetTokenizer, samples: list[TrueSample]) -> list[TrueSample]:
+    """The samples that hold a non-ASCII token, each such token spelled byte by byte, as a byte-level BPE
+    writes a character it has no merge for (Kimi's vocabulary does so for rare characters): tokens that
+    are parts of a character."""
+    single = _Splitter(tokenizer).rank_of
+    spelled_samples = []
+    for sample in samples:
+        ids: list[int] = []
+        for token_id in sample.ids:
+            raw = b"" if tokenizer.is_special(token_id) else tokenizer.token_bytes(token_id)
+            spelled = [single.get(raw[k : k + 1]) for k in range(len(raw))] if not raw.isascii() else []
+            ids += spelled if spelled and None not in spelled else [token_id]
+        if ids != sample.ids:
+            spelled_samples.append(replace(sample, ids=ids, hazards=sample.hazards | {"bytes_of_characters"}))
+    return spelled_samples
 
 
 def reply_record(tokenizer: TargetTokenizer, sample: TrueSample, switch: EngineSwitch) -> dict[str, Any]:

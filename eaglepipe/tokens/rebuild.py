@@ -204,17 +204,21 @@ class Rebuilder:
         history = tool_history(prompt["messages"])
         rejected = False
         for kind in (Method.SERVER_IDS, Method.LOGPROB_BYTES):
-            ids = reply.server_ids if kind is Method.SERVER_IDS else self._logprob_ids(reply)
-            if ids is None:
+            sent = reply.server_ids if kind is Method.SERVER_IDS else reply.logprob_bytes
+            if sent is None or (kind is Method.LOGPROB_BYTES and not sent):
                 continue
-            exact = exact_completion(self.target, reply, ids, history, self.shape.whitespace)
+            # Bytes that name no token are refused too: vLLM sends a token that is part of a character
+            # as what decoding it alone made of it (empty, or U+FFFD), not its own bytes.
+            ids = sent if kind is Method.SERVER_IDS else ids_from_bytes(self.target, sent)
+            exact = (
+                None
+                if ids is None
+                else exact_completion(self.target, reply, ids, history, self.shape.whitespace)
+            )
             if exact is not None:
                 return _Pending(prompt, reply, history, exact, kind, False)
             rejected = True
         return _Pending(prompt, reply, history, None, None, rejected)
-
-    def _logprob_ids(self, reply: Reply) -> list[int] | None:
-        return ids_from_bytes(self.target, reply.logprob_bytes) if reply.logprob_bytes else None
 
     def _as_generated(self, reply: Reply, record: dict[str, Any], where: str) -> Reply:
         """The reply in the parts the target generated: a template's answer is one text (tool calls

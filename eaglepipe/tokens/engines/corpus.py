@@ -129,9 +129,12 @@ def engine_corpus(
     ]
 
 
-def engine_record(sample: TrueSample, reply: dict[str, Any], *, with_ids: bool = False) -> dict[str, Any]:
+def engine_record(
+    sample: TrueSample, reply: dict[str, Any], *, with_ids: bool = False, with_logprobs: bool = False
+) -> dict[str, Any]:
     """The responses.jsonl record of a provider running `reply`'s engine in its mode (`with_ids`: the
-    engine also returned the generated ids, as vLLM's `return_token_ids` does), billed every id."""
+    engine also returned the generated ids, as vLLM's `return_token_ids` does; `with_logprobs`: the
+    logprob entries the engine returned, as our client journals them), billed every id."""
     returned = EngineReply(
         reasoning=reply["reasoning"],
         content=reply["content"] or "",
@@ -142,9 +145,10 @@ def engine_record(sample: TrueSample, reply: dict[str, Any], *, with_ids: bool =
         finish_reason="stop" if sample.stopped else "length",
         completion_tokens=len(sample.ids),
         token_ids=sample.answer_ids if with_ids else None,
-        logprobs=None,
+        logprobs={"content": reply["logprobs"]} if with_logprobs else None,
     )
     provider = f"{reply['engine']}-{reply['mode']}" + ("-ids" if with_ids else "")
+    provider += "-logprobs" if with_logprobs else ""
     return sample_record(sample, returned, provider, sample.prompt_lengths["typescript"])
 
 

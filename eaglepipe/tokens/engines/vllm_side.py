@@ -5,8 +5,11 @@ started with `--reasoning-parser kimi_k2 --tool-call-parser kimi_k2 --enable-aut
 parser adjusts the request (it turns `skip_special_tokens` off), the request becomes SamplingParams, the
 output processor detokenizes one generated id per engine step (the stop token ends the request and is
 not detokenized), and the Kimi parser splits the text into reasoning, content and tool calls, once on
-the final text (non-streamed) and delta by delta as the server streams it. Written as one JSON line per
-sample and mode. The tokenizer is the target directory's, loaded as vLLM loads it (`trust_remote_code`).
+the final text (non-streamed) and delta by delta as the server streams it. Every request asks the sampled
+token's logprob (`logprobs: true, top_logprobs: 0`, which changes no text): each engine step carries it,
+vLLM's `LogprobsProcessor` decodes each token alone, and the reply's `logprobs` are the entries vLLM's
+`_create_chat_logprobs` builds from those decoded tokens. Written as one JSON line per sample and mode.
+The tokenizer is the target directory's, loaded as vLLM loads it (`trust_remote_code`).
 
     .venv-vllm/bin/python eaglepipe/tokens/engines/vllm_side.py MODEL_DIR IN.jsonl OUT.jsonl
 """
@@ -18,14 +21,17 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.parser import ParserManager
 from vllm.tokenizers import get_tokenizer
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.output_processor import OutputProcessor
+from vllm.v1.outputs import LogprobsLists
 
 from eaglepipe.tokens.engines.replay import replay
 
+SAMPLED_LOGPROB = -0.5  # every step's: no model ran, and nothing reads the value
 # The model type selects the `functions.NAME:N` id convention in vLLM's Kimi parser.
 MODEL_CONFIG = SimpleNamespace(
     hf_config=SimpleNamespace(model_type="kimi_k25"),
@@ -56,6 +62,8 @@ class Server:
             messages=[{"role": "user", "content": "-"}],
             tools=sample["tools"] or None,
             stream=stream,
+            logprobs=True,
+            top_logprobs=0,
             max_completion_tokens=len(ids) if not sample["stopped"] else len(ids) + 16,
             **({} if sample["thinking"] else {"chat_template_kwargs": {"thinking": False}}),
         )
@@ -83,13 +91,19 @@ class Server:
         )
 
     def _steps(self, sample: dict[str, Any]) -> list[EngineCoreOutput]:
-        """One engine step per id; the last finishes the request (the stop id, or the length limit)."""
+        """One engine step per id, with its logprob as the sampler sends it (the sampled id first, rank 1;
+        the value is a stand-in, no model ran); the last finishes the request (stop id or length limit)."""
         ids = sample["completion_ids"]
         finish = FinishReason.STOP if sample["stopped"] else FinishReason.LENGTH
         return [
             EngineCoreOutput(
                 request_id=sample["key"],
                 new_token_ids=[token],
+                new_logprobs=LogprobsLists(
+                    np.array([[token]], dtype=np.int32),
+                    np.array([[SAMPLED_LOGPROB]], dtype=np.float32),
+                    np.array([1], dtype=np.int32),
+                ),
                 finish_reason=finish if last else None,
                 stop_reason=self.stop_id if last and sample["stopped"] else None,
             )
@@ -114,15 +128,18 @@ class Server:
             final.text, request, enable_auto_tools=True, model_output_token_ids=final.token_ids
         )
         tool_calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls or []]
-        return _reply(sample, "whole", final.text, reasoning, content, tool_calls)
+        logprobs = chat_logprobs(final.token_ids, final.logprobs)
+        return _reply(sample, "whole", final.text, reasoning, content, tool_calls, logprobs)
 
     def _streamed(self, sample: dict[str, Any]) -> dict[str, Any]:
         request, kwargs, core = self._request(sample, stream=True)
         parser = self._parser(request, kwargs)
         text, reasoning, content = "", None, None
         calls: dict[int, dict[str, Any]] = {}
+        logprobs: list[dict[str, Any]] = []
         for output in self._outputs(core, sample):
             text += output.text
+            logprobs += chat_logprobs(output.token_ids, output.logprobs)  # every chunk carries its own
             delta = parser.parse_delta(
                 delta_text=output.text,
                 delta_token_ids=list(output.token_ids),
@@ -141,11 +158,37 @@ class Server:
                 function = call.get("function") or {}
                 merged["name"] += function.get("name") or ""
                 merged["arguments"] += function.get("arguments") or ""
-        return _reply(sample, "stream", text, reasoning, content, [calls[i] for i in sorted(calls)])
+        tool_calls = [calls[i] for i in sorted(calls)]
+        return _reply(sample, "stream", text, reasoning, content, tool_calls, logprobs)
+
+
+def chat_logprobs(token_ids: list[int], top_logprobs: list[dict[int, Any]]) -> list[dict[str, Any]]:
+    """`logprobs.content` as vLLM's `OpenAIServingChat._create_chat_logprobs` builds it when each step's
+    logprobs hold the sampled id: `token` is the `decoded_token` vLLM's LogprobsProcessor made (vLLM's
+    `_get_decoded_token`), `bytes` its UTF-8 (`errors="replace"`), so a token that is part of a character
+    shows what that decoding made of it, not its own bytes. Kept as our client journals it (`token`,
+    `bytes`, `logprob`; eaglepipe/openrouter/replies.py)."""
+    entries = []
+    for token_id, step in zip(token_ids, top_logprobs, strict=True):
+        sampled = step[token_id]
+        entries.append(
+            {
+                "token": sampled.decoded_token,
+                "bytes": list(sampled.decoded_token.encode("utf-8", errors="replace")),
+                "logprob": max(sampled.logprob, -9999.0),
+            }
+        )
+    return entries
 
 
 def _reply(
-    sample: dict[str, Any], mode: str, text: str, reasoning: Any, content: Any, tool_calls: list[dict]
+    sample: dict[str, Any],
+    mode: str,
+    text: str,
+    reasoning: Any,
+    content: Any,
+    tool_calls: list[dict],
+    logprobs: list[dict[str, Any]],
 ) -> dict[str, Any]:
     return {
         "key": sample["key"],
@@ -155,6 +198,7 @@ def _reply(
         "reasoning": reasoning,
         "content": content,
         "tool_calls": tool_calls,
+        "logprobs": logprobs,
     }
 
 
