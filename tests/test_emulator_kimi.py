@@ -85,6 +85,7 @@ def url(tmp_path_factory: pytest.TempPathFactory, kimi_dir: Path) -> Iterator[st
         str(SEED),
         "--tokens-per-event",
         "3",
+        "--store-content",
     ]
     with running_emulator(None, extra_args=args, log_path=folder / "emulator.log") as base_url:
         yield base_url
@@ -186,6 +187,22 @@ def test_the_client_records_what_the_engine_switch_returns(kimi, corpus, records
                 assert response["content"] == expected.content, where
             finish = "length" if not sample.stopped else "tool_calls" if calls else "stop"
             assert response["finish_reason"] == finish, where
+
+
+def test_generation_and_its_stored_content_agree_with_the_answer(url, corpus, records) -> None:
+    """`/generation` and `/generation/content` (`--store-content`) describe each answer as the client got
+    it: finish reason (tool calls included), reasoning tokens, and the content and reasoning text."""
+    for (index, tag, stream), record in records.items():
+        if index % 4:  # a quarter of the samples, every endpoint, both modes
+            continue
+        where = (corpus[index].prompt["id"], tag, stream)
+        query = {"id": record["generation_id"]}
+        generation = httpx.get(f"{url}/generation", params=query).json()["data"]
+        stored = httpx.get(f"{url}/generation/content", params=query).json()["data"]["output"]
+        assert generation["finish_reason"] == record["response"]["finish_reason"], where
+        assert generation["native_tokens_reasoning"] == record["usage"]["reasoning_tokens"], where
+        assert stored["completion"] == record["response"]["content"], where
+        assert stored["reasoning"] == record["response"]["reasoning"], where
 
 
 def test_reasoning_in_details_only_is_read_streamed_and_not(records, corpus) -> None:

@@ -653,7 +653,7 @@ class Emulator:
             }
             content = {
                 "input": {"messages": answer.chat.messages},
-                "output": {"completion": self.text.decode(completion.completion_ids), "reasoning": None},
+                "output": self.replies.stored_output(completion),
                 "error": error if completion.failed else None,
             }
         self.ledger.record(completion, content)
@@ -664,6 +664,7 @@ class Emulator:
             async for token in answer.tokens:
                 completion.add(token)
             completion.complete = True
+            message = self.replies.message(completion)  # before settling: it sets the finish reason's cause
         except EngineError as exc:
             completion.failed = True
             raise ApiError(500, str(exc), "server") from None
@@ -674,7 +675,6 @@ class Emulator:
             if answer.generation.top_logprobs is not None
             else None
         )
-        message = self.replies.message(completion)
         with_token_ids = answer.chat.return_token_ids and self.replies.returns_token_ids(completion.endpoint)
         return JSONResponse(completion.body(message, logprobs, with_token_ids), headers=headers)
 

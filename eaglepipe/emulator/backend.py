@@ -104,6 +104,10 @@ class ReplyShape(Protocol):
 
     def returns_token_ids(self, endpoint: Endpoint) -> bool: ...
 
+    def stored_output(self, completion: Completion) -> dict[str, str | None]:
+        """What `/generation/content` keeps of the answer (`completion` and `reasoning` text, as returned)."""
+        ...
+
 
 class _TextDeltas:
     """One content delta per group of ids, however many characters it holds (possibly none)."""
@@ -132,3 +136,6 @@ class TextReplies:
 
     def returns_token_ids(self, endpoint: Endpoint) -> bool:
         return True
+
+    def stored_output(self, completion: Completion) -> dict[str, str | None]:
+        return {"completion": self.text.decode(completion.completion_ids), "reasoning": None}

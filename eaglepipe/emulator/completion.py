@@ -218,7 +218,7 @@ class Completion:
             "native_tokens_prompt": self.prompt_tokens,
             "native_tokens_completion": self.completion_tokens,
             "native_tokens_completion_images": 0,
-            "native_tokens_reasoning": 0,
+            "native_tokens_reasoning": self.reasoning_tokens,
             "native_tokens_cached": 0,
             "num_media_prompt": 0,
             "num_input_audio_prompt": 0,

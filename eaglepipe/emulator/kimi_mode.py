@@ -259,6 +259,14 @@ class KimiReplies:
     def returns_token_ids(self, endpoint: Endpoint) -> bool:
         return SWITCHES[endpoint.habits.text_like].returns_token_ids
 
+    def stored_output(self, completion: Completion) -> dict[str, str | None]:
+        habits = completion.endpoint.habits
+        sample = self.corpus.sample_for(completion.prompt_ids)
+        reply = provider_reply(
+            self.corpus.tokenizer, sample, completion.completion_ids, completion.stopped, habits
+        )
+        return {"completion": reply.content, "reasoning": reply.reasoning}
+
     def reasoning_tokens(self, sample: TrueSample, ids: list[int]) -> int:
         """The ids before `</think>` (all of them when the answer was cut inside its reasoning)."""
         if not sample.thinking:
