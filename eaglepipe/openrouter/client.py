@@ -379,8 +379,12 @@ class _Run:
         """One unusable answer or error from `provider`; the breaker may drop it, and with it the run."""
         if not self.breaker.strike(provider, reason):
             return
-        log.warning("%s: provider %s dropped for the rest of the run: %s", self.dataset, provider,
-                    self.breaker.dropped[provider])
+        log.warning(
+            "%s: provider %s dropped for the rest of the run: %s",
+            self.dataset,
+            provider,
+            self.breaker.dropped[provider],
+        )
         dropped = self.dropped()
         # Without an allowlist (any server, self-hosted) nothing can be routed around the provider: stop.
         left = [name for name in self.settings.allowed_providers if name.lower() not in dropped]
@@ -411,8 +415,12 @@ class _Run:
         self.probed[provider] += 1
         problem = await anyio.to_thread.run_sync(self.probe, prompt, record)
         if problem is not None:
-            log.warning("prompt %s: the answer of %s fails the token stage's check (%s)", prompt["id"],
-                        provider, problem)
+            log.warning(
+                "prompt %s: the answer of %s fails the token stage's check (%s)",
+                prompt["id"],
+                provider,
+                problem,
+            )
             self.strike(provider, f"unusable answer: {problem}")
 
     def count_failure(
@@ -491,10 +499,7 @@ class _Run:
         budget = settings.output_token_budget
         if budget is not None or settings.usd_budget is not None:
             self.forecast.refresh(max_age_s=REFIT_EVERY_S)
-        if (
-            budget is not None
-            and self.summary.completion_tokens + self.forecast.committed_tokens() > budget
-        ):
+        if budget is not None and self.summary.completion_tokens + self.forecast.committed_tokens() > budget:
             if self.in_flight:
                 return "wait", ""
             return "token_budget", (
@@ -610,8 +615,11 @@ def _raise_open_file_limit(concurrency: int) -> None:
     raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
     if raised < wanted:
-        log.warning("open-file limit %d is below concurrency %d: raise `ulimit -Hn` or lower the concurrency",
-                    raised, concurrency)
+        log.warning(
+            "open-file limit %d is below concurrency %d: raise `ulimit -Hn` or lower the concurrency",
+            raised,
+            concurrency,
+        )
 
 
 def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[httpx.AsyncClient]:
@@ -703,10 +711,11 @@ async def _stored_answers(
     run: _Run, pending: list[dict[str, Any]], found: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """{generation id: journal record} for found requests whose prompt (of this set, asked under this
-    fingerprint) has no answer yet and whose stored content is the whole answer; one per prompt."""
+    fingerprint) has no answer yet and whose stored content is the whole answer; one per prompt, the first
+    of its cut attempts that qualifies."""
     assert run.http is not None
     settings = run.settings
-    candidates: dict[str, dict[str, Any]] = {}
+    candidates: dict[str, list[dict[str, Any]]] = {}
     for record in pending:
         prompt_id = record["prompt_id"]
         if (
@@ -715,36 +724,37 @@ async def _stored_answers(
             and prompt_id in run.prompts
             and prompt_id not in run.done_ids
         ):
-            candidates.setdefault(prompt_id, record)
+            candidates.setdefault(prompt_id, []).append(record)
     if not candidates:
         return {}
     contents = await generation_contents(
-        run.http, [record["generation_id"] for record in candidates.values()]
+        run.http, [record["generation_id"] for attempts in candidates.values() for record in attempts]
     )
     allowed = frozenset(name.lower() for name in settings.allowed_providers)
     rebuilt: dict[str, dict[str, Any]] = {}
-    for prompt_id, record in candidates.items():
-        generation_id = record["generation_id"]
-        if generation_id not in contents:
-            continue
-        prompt, content = run.prompts[prompt_id], contents[generation_id]
-        answer, why = rebuilt_answer(prompt, found[generation_id], content, allowed)
-        if answer is None:
-            log.info("prompt %s: the stored content of %s is not journaled: %s", prompt_id, generation_id,
-                     why)
-            continue
-        rebuilt[generation_id] = {
-            "prompt_id": prompt_id,
-            "fingerprint": settings.fingerprint,
-            "request": run.request_fields(),
-            "response": answer["response"],
-            "provider": answer["provider"],
-            "generation_id": generation_id,
-            "usage": answer["usage"],
-            "latency_s": None,
-            "attempts": None,
-            "recovered_content": answer["recovered_content"],
-        }
+    for prompt_id, attempts in candidates.items():
+        for record in attempts:
+            generation_id = record["generation_id"]
+            if generation_id not in contents:
+                continue
+            prompt, content = run.prompts[prompt_id], contents[generation_id]
+            answer, why = rebuilt_answer(prompt, found[generation_id], content, allowed)
+            if answer is None:
+                log.info(
+                    "prompt %s: the stored content of %s is not journaled: %s", prompt_id, generation_id, why
+                )
+                continue
+            rebuilt[generation_id] = {
+                "prompt_id": prompt_id,
+                "fingerprint": settings.fingerprint,
+                "request": run.request_fields(),
+                **answer,
+                "generation_id": generation_id,
+                "latency_s": None,
+                "attempts": None,
+                "recovered_content": True,
+            }
+            break
     return rebuilt
 
 

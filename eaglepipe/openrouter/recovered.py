@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-RECOVERED_FLAG = "recovered_content"
-
 
 def rebuilt_answer(
     prompt: dict[str, Any],
@@ -52,6 +50,5 @@ def rebuilt_answer(
             "reasoning_tokens": generation.get("reasoning_tokens") or 0,
             "cost": generation.get("usd"),
         },
-        RECOVERED_FLAG: True,
     }
     return answer, ""
