@@ -16,6 +16,9 @@ RECOVER_FRACTION = 0.05
 
 
 class AdaptiveLimit:
+    """`lowest` is the lowest a cut took the limit to (the ceiling while nothing was cut): a first wave
+    started small, or a ceiling shared with other jobs, is not a cut."""
+
     def __init__(self, ceiling: int) -> None:
         self.ceiling = ceiling
         self._limit = float(ceiling)
@@ -35,7 +38,6 @@ class AdaptiveLimit:
     def start_at(self, limit: int) -> None:
         """Begin below the ceiling (a first wave sized to what the key can reserve); ticks raise it."""
         self._limit = float(max(1, min(limit, self.ceiling)))
-        self.lowest = min(self.lowest, self.current)
 
     def set_ceiling(self, ceiling: int) -> None:
         """The run-wide concurrency split among the jobs running now; a lower share applies at once."""
@@ -47,7 +49,7 @@ class AdaptiveLimit:
         if storm:
             self._limit = max(1.0, self._limit * CUT_FACTOR)
             self.cuts += 1
+            self.lowest = min(self.lowest, self.current)
         elif self._rate_limited == 0:
             self._limit = min(float(self.ceiling), self._limit + max(1.0, RECOVER_FRACTION * self.ceiling))
-        self.lowest = min(self.lowest, self.current)
         self._attempts = self._rate_limited = 0
