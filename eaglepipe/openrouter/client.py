@@ -13,7 +13,6 @@ paid for is kept and a rerun resumes.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import random
@@ -39,6 +38,7 @@ from eaglepipe.openrouter.concurrency import AdaptiveLimit
 from eaglepipe.openrouter.errors import OpenRouterError, one_line
 from eaglepipe.openrouter.journal import open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, OtherJobs, RunLedger
+from eaglepipe.openrouter.plan import prompt_json_bytes
 from eaglepipe.openrouter.progress import ProgressLine, ProviderStats, format_eta, provider_table
 from eaglepipe.openrouter.recovered import rebuilt_answer
 from eaglepipe.openrouter.recovery import KeyState, check_key, generation_contents, recover_generations
@@ -602,8 +602,7 @@ def prompt_tokens_bound(prompt: dict[str, Any]) -> int:
     """A generous bound on a prompt's tokens without its tokenizer: half its UTF-8 bytes (tokenizers
     average three to four bytes a token in English, and no fewer than two in scripts of multi-byte
     characters)."""
-    text = json.dumps({"messages": prompt["messages"], "tools": prompt.get("tools")}, ensure_ascii=False)
-    return len(text.encode()) // 2
+    return prompt_json_bytes(prompt) // 2
 
 
 def _raise_open_file_limit(concurrency: int) -> None:

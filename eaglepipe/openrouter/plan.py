@@ -115,7 +115,7 @@ class InputTokens:
             self._format = _template_format(self.target_dir)
             self.method = "tokenizer" if self._format else "bytes"
         if self._format is None:
-            return round(_prompt_bytes(prompt) / BYTES_PER_TOKEN)
+            return round(prompt_json_bytes(prompt) / BYTES_PER_TOKEN)
         messages, tools = prompt["messages"], prompt.get("tools")
         return len(self._format.prompt_ids(messages, tools, thinking=False, tool_format="json"))
 
@@ -429,7 +429,8 @@ def _shard_disk(
     return capped_tokens(tokens, samples, **caps) * bytes_per_token
 
 
-def _prompt_bytes(prompt: dict[str, Any]) -> int:
+def prompt_json_bytes(prompt: dict[str, Any]) -> int:
+    """The prompt's size as sent (its messages and tools as compact JSON), where no tokenizer counts it."""
     body = {"messages": prompt["messages"], "tools": prompt.get("tools")}
     return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
