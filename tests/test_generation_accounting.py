@@ -152,18 +152,23 @@ def test_answers_without_a_cost_are_priced_by_generation_through_its_errors(
     }
 
 
+DELAY_S = 4.0
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_cutoffs_still_unknown_at_the_end_are_settled_by_the_next_start(tmp_path: Path, stream: bool) -> None:
     """A cut connection whose answer the provider runs out and bills, with `/generation` answering 404
     longer than the client waits: the run ends with them held at worst case; the next start prices them,
     buying nothing."""
     faults = [{"fault": "cutoff", "probability": 0.4, "after_tokens": 2}]
-    with emulator(tmp_path / "emulator", faults, "--generation-delay-s", "1.5") as url:
+    # /generation learns of an answer DELAY_S after it ends: long enough that a loaded machine's first run
+    # still ends before it does.
+    with emulator(tmp_path / "emulator", faults, "--generation-delay-s", str(DELAY_S)) as url:
         first = generate(url, tmp_path, stream=stream, recovery_wait_s=0.2)
         cut = stats(url)["faults"]["cutoff"]
         assert first.ended_because == "all_done" and first.done == len(PROMPTS)
         assert cut > 0 and first.unresolved == cut and first.recovered == 0
-        time.sleep(1.6)
+        time.sleep(DELAY_S + 0.1)
         bought = stats(url)["requests_received"]
         second = generate(url, tmp_path, stream=stream, recovery_wait_s=0.2)
         assert stats(url)["requests_received"] == bought  # nothing bought again
