@@ -12,11 +12,12 @@ from eaglepipe.emulator.text_like import SWITCHES
 from eaglepipe.openrouter.plan import InputTokens
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.chat import normalize_messages, render_prompt_ids, stop_token_id
-from eaglepipe.target.chat_format import Layout, load_chat_format
+from eaglepipe.target.chat_format import Layout
 from eaglepipe.target.hf_tokenizer import HFTokenizer
 from eaglepipe.target.kimi_tokenizer import MAX_RUN_CHARS, KimiTokenizer
 from eaglepipe.target.load import load_tokenizer
 from eaglepipe.target.segments import encode_segments
+from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import build_tokens
 
 TOOLS = [
@@ -64,7 +65,7 @@ CONVERSATIONS = [
 
 
 def test_kimi_format_renders_as_kimi_chat(kimi_dir, kimi):
-    chat_format = load_chat_format(kimi_dir)
+    chat_format = load_target_tokenizer(kimi_dir).chat_format()
     markers = kimi_chat.Markers.of(kimi)
     assert chat_format.sectioned and chat_format.tool_formats == ("typescript", "json")
     assert chat_format.layout == Layout(
@@ -97,7 +98,7 @@ def test_kimi_format_renders_as_kimi_chat(kimi_dir, kimi):
 
 
 def test_kimi_completion_reads_back_into_its_parts(kimi_dir):
-    chat_format = load_chat_format(kimi_dir)
+    chat_format = load_target_tokenizer(kimi_dir).chat_format()
     segments = chat_format.completion_segments(
         reasoning="Think. ", content="Calling.", tool_calls=CALLS, truncated=False, thinking=True
     )
@@ -115,7 +116,7 @@ def test_kimi_completion_reads_back_into_its_parts(kimi_dir):
 
 def test_template_format_renders_as_the_template(model_dir):
     tokenizer = load_tokenizer(model_dir)
-    chat_format = load_chat_format(model_dir)
+    chat_format = load_target_tokenizer(model_dir).chat_format()
     special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
     assert not chat_format.sectioned and chat_format.tool_formats == ()
     assert chat_format.layout == Layout(stop_token_id(tokenizer))
@@ -132,7 +133,7 @@ def test_template_format_renders_as_the_template(model_dir):
 
 def test_template_answer_is_one_text(model_dir):
     tokenizer = load_tokenizer(model_dir)
-    chat_format = load_chat_format(model_dir)
+    chat_format = load_target_tokenizer(model_dir).chat_format()
     text = chat_format.one_text_answer("Calling.", CALLS)
     turn = {"role": "assistant", "content": "Calling.", "tool_calls": CALLS}
     assert text == normalize_messages(tokenizer, [turn], None)[0]["content"]
@@ -185,7 +186,7 @@ def test_the_spend_plan_counts_through_the_template_loaded_once(model_dir, monke
 
 @pytest.mark.parametrize("name", ["kimi", "template"])
 def test_a_completion_holds_the_parts_the_format_names(name, kimi_dir, model_dir):
-    chat_format = load_chat_format(kimi_dir if name == "kimi" else model_dir)
+    chat_format = load_target_tokenizer(kimi_dir if name == "kimi" else model_dir).chat_format()
     segments = chat_format.completion_segments(
         reasoning=None, content="Hi.", tool_calls=None, truncated=False, thinking=False
     )

@@ -4,7 +4,8 @@ Two families sit behind it. Kimi-K2.5 renders natively (`kimi_chat`): `reasoning
 section] <|im_end|>`, tool declarations in one of two formats. An HF chat template (the embedded SmolLM2's
 ChatML) renders through `chat.render_prompt_ids`, and its answer is one text then the stop id. The token
 stage, the emulator, the spend plan and the evaluation all go through `ChatFormat`, loaded once per stage
-with `load_chat_format` (or a loaded tokenizer's `chat_format()`), so none of them branches on the family.
+with the target's tokenizer (`load_target_tokenizer(dir).chat_format()`), so none of them branches on the
+family.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -22,7 +22,7 @@ from eaglepipe.target.chat import render_prompt_ids
 from eaglepipe.target.kimi_tokenizer import MAX_RUN_CHARS
 from eaglepipe.target.kimi_tools import ToolDeclarationError, ToolFormat, declare_tools
 from eaglepipe.target.segments import Segment, encode_segments
-from eaglepipe.target.tokenizer import TargetTokenizer, load_target_tokenizer
+from eaglepipe.target.tokenizer import TargetTokenizer
 
 if TYPE_CHECKING:
     from eaglepipe.target.hf_tokenizer import HFTokenizer
@@ -126,11 +126,6 @@ class ChatFormat(Protocol):
         """Completion ids (without the stop id) read back as an engine splits them; None when a special id
         stands where this format cannot have put it."""
         ...
-
-
-def load_chat_format(target_dir: str | Path) -> ChatFormat:
-    """The chat format of the target in `target_dir` (Kimi's when it holds `tiktoken.model`)."""
-    return load_target_tokenizer(target_dir).chat_format()
 
 
 class KimiChatFormat:
