@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from eaglepipe.emulator.__main__ import parse_args
+from eaglepipe.emulator.__main__ import main, parse_args
 from eaglepipe.emulator.api_schemas import validate
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.kimi_mode import KimiCorpus
@@ -361,6 +361,13 @@ def test_an_endpoint_table_with_a_bad_habit_is_named(tmp_path: Path, habits: Any
         load_endpoints(tmp_path / "endpoints.yaml", MODEL, 1000)
     assert str(caught.value).startswith(f"{tmp_path / 'endpoints.yaml'}: endpoints[0]: ")
     assert message in str(caught.value)
+
+
+def test_habits_outside_kimi_mode_are_refused(tmp_path: Path, capsys) -> None:
+    """Synthetic words have no reasoning or tool calls to shape: a table with habits is a mistake."""
+    (tmp_path / "endpoints.yaml").write_text(yaml.safe_dump(endpoints_config({"p": {"tool_index": "zero"}})))
+    assert main(["--synthetic", "--config", str(tmp_path / "endpoints.yaml")]) == 2
+    assert "endpoint p sets `habits`, which only Kimi mode applies" in capsys.readouterr().err
 
 
 def test_a_tokenizer_directory_without_kimi_layout_is_named(tmp_path: Path) -> None:

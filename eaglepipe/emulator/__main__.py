@@ -26,7 +26,7 @@ from eaglepipe.emulator.app import Emulator, build_app, hide_injected_resets
 from eaglepipe.emulator.backend import PromptText, ReplyShape, TokenEngine, TokenText
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.faults import load_faults
-from eaglepipe.emulator.providers import load_endpoints
+from eaglepipe.emulator.providers import ReplyHabits, load_endpoints
 from eaglepipe.emulator.text_like import SERVED_SWITCHES, SWITCHES
 from eaglepipe.io import atomic_write
 
@@ -269,6 +269,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         replies: ReplyShape | None = None
         if args.kimi_corpus is not None:
             engine, text, replies = _kimi_backend(args)
+        elif habits := [e.tag for e in endpoints if e.habits != ReplyHabits()]:
+            raise EmulatorError(
+                f"{args.config}: endpoint {habits[0]} sets `habits`, which only Kimi mode applies "
+                "(--synthetic --kimi-corpus DIR); remove them or serve the Kimi corpus"
+            )
         sock = _bind(args.host, args.port)
     except EmulatorError as exc:
         print(f"emulator: {exc}", file=sys.stderr)
