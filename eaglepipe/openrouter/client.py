@@ -635,6 +635,7 @@ def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[ht
             verify=tls,
             base_url=settings.base_url.rstrip("/") + "/",
             headers=api_key.authorization_header() if api_key else {},
+            # `limits` applies only where a proxy leaves httpx its own transport (answer_transport None).
             limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
             transport=answer_transport(settings.base_url, tls, size),
             # Read = the longest gap between bytes; no pool timeout: admission caps the waiting requests.
