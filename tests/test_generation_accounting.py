@@ -28,6 +28,7 @@ from eaglepipe.openrouter.client import (
 )
 from eaglepipe.openrouter.journal import read_records
 from eaglepipe.openrouter.ledger import read_ledger
+from eaglepipe.openrouter.progress import ProviderStats
 from eaglepipe.openrouter.secrets import read_api_key
 from eaglepipe.tokens.reply import parse_reply
 
@@ -279,3 +280,16 @@ def test_the_first_wave_is_sized_to_what_the_key_can_reserve(tmp_path: Path, key
         assert summary.concurrency_cuts == 0 and summary.concurrency_lowest == 6  # a first wave is no cut
     else:
         assert summary.first_wave is None and in_flight_402s > 0
+
+
+def test_a_provider_s_speed_counts_only_answers_whose_time_is_known() -> None:
+    """An answer rebuilt from stored content has no request time: its tokens count in the dollars per
+    million, not in tokens per second."""
+    stats = ProviderStats()
+    for latency_s in (2.0, None):
+        usage = {"completion_tokens": 100, "cost": 0.001}
+        stats.add_response(
+            {"usage": usage, "response": {"content": "x", "finish_reason": "stop"}, "latency_s": latency_s}
+        )
+    row = stats.row()
+    assert row["tok_s"] == 50.0 and row["usd_per_m_tokens"] == 10.0

@@ -16,6 +16,7 @@ class ProviderStats:
     errors: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    timed_tokens: int = 0  # of answers whose request time is known (not those rebuilt from stored content)
     usd: float = 0.0
     truncated: int = 0
     empty: int = 0
@@ -24,14 +25,16 @@ class ProviderStats:
         usage, response = record.get("usage") or {}, record["response"]
         self.requests += 1
         self.completion_tokens += usage.get("completion_tokens") or 0
-        self.seconds += record.get("latency_s") or 0.0
+        if record.get("latency_s") is not None:
+            self.seconds += record["latency_s"]
+            self.timed_tokens += usage.get("completion_tokens") or 0
         self.usd += usage.get("cost") or 0.0
         self.truncated += response.get("finish_reason") == "length"
         self.empty += not (response.get("content") or response.get("reasoning") or response.get("tool_calls"))
 
     def row(self) -> dict[str, Any]:
         """Tokens per second of request time (one stream's speed); dollars per million output tokens."""
-        tok_s = self.completion_tokens / self.seconds if self.seconds else 0.0
+        tok_s = self.timed_tokens / self.seconds if self.seconds else 0.0
         per_m = self.usd / self.completion_tokens * 1e6 if self.completion_tokens else 0.0
         return {**asdict(self), "tok_s": round(tok_s, 1), "usd_per_m_tokens": round(per_m, 4)}
 
