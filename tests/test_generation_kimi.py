@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from safetensors.torch import load_file
+from tiny_run import snakemake_command
 
 from eaglepipe.emulator.kimi_mode import rendered_prompt
 from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
@@ -26,7 +26,6 @@ from eaglepipe.tokens.methods import EXACT_METHODS, Method
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
 MODEL = "moonshotai/kimi-k2.5"
 COUNT, SEED = 32, 11
 # The rehearsal's request asks for thinking (config.yaml), so the set holds the corpus's thinking samples.
@@ -104,20 +103,9 @@ class KimiRun:
             "generation": {"max_tokens": 8192, "concurrency": 4, "return_token_ids": True, **generation},
         }
         (self.workdir / "run.yaml").write_text(yaml.safe_dump(config))
-        command = [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(self.workdir),
-            "--configfile",
-            str(self.workdir / "run.yaml"),
-            "--cores",
-            "2",
-            target,
-        ]
+        command = snakemake_command(
+            self.workdir, "--configfile", str(self.workdir / "run.yaml"), "--cores", "2", target
+        )
         run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=self.env)
         assert run.returncode == 0, run.stderr[-4000:]
 

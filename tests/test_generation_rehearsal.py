@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from tiny_run import snakemake_command
 
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.journal import read_records
@@ -28,7 +28,6 @@ from eaglepipe.openrouter.ledger import read_ledger
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
 MODEL = "moonshotai/kimi-k2.5"
 SECRET = "sk-or-v1-REHEARSALSECRET00112233445566778899"
 ALLOWED = {"Chutes", "Moonshot AI"}  # the emulator's native-INT4 endpoints that the default routing keeps
@@ -64,21 +63,15 @@ class Rig:
 
     def command(self, *args: str) -> list[str]:
         """Snakemake aimed at the sets' responses (generation only), with extra options `args`."""
-        return [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(self.workdir),
+        return snakemake_command(
+            self.workdir,
             "--configfile",
             str(self.workdir / "rig.yaml"),
             "--cores",
             "2",
             *self.targets,
             *args,  # after the targets: options such as --resources take several values
-        ]
+        )
 
     def snakemake(self, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
         return subprocess.run(

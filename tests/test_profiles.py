@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
-from tiny_run import PROMPTS, REPO, RESULTS_ROOT, TINY_FULL_PLAN, planned_jobs, tiny_config, write_prompts
+from tiny_run import (
+    PROMPTS,
+    REPO,
+    RESULTS_ROOT,
+    TINY_FULL_PLAN,
+    planned_jobs,
+    snakemake_command,
+    tiny_config,
+    write_prompts,
+)
 
 GPU_RULES = ("hidden", "train_drafter", "evaluate_drafter")
 
@@ -24,17 +32,7 @@ def profile(name: str) -> dict:
 
 
 def dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "-n",
-        *args,
-    ]
+    command = snakemake_command(workdir, "-n", *args)
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 

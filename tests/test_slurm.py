@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from tiny_run import (
     TINY_FULL_PLAN,
     planned_jobs,
     snakemake,
+    snakemake_command,
     tiny_config,
     write_prompts,
 )
@@ -167,23 +167,10 @@ def test_a_run_through_slurm_equals_the_local_run(
     assert evaluation["methods"]["eagle3"]["tokens"] > 0
 
 
-def snakemake_command(workdir: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        str(workdir / "tiny.yaml"),
-        "--cores",
-        "2",
-        "--resources",
-        "api=1",
-        *args,
-    ]
+def tiny_command(workdir: Path, *args: str) -> list[str]:
+    return snakemake_command(
+        workdir, "--configfile", str(workdir / "tiny.yaml"), "--cores", "2", "--resources", "api=1", *args
+    )
 
 
 def test_a_hidden_job_cancelled_by_scancel_is_retried_from_its_finished_shards(
@@ -206,7 +193,7 @@ def test_a_hidden_job_cancelled_by_scancel_is_retried_from_its_finished_shards(
     assert tokens.returncode == 0, tokens.stderr[-4000:] + slurm.log_tail()
 
     process = subprocess.Popen(
-        snakemake_command(tmp_path, *SLURM_OPTIONS, f"{RESULTS_ROOT}/many/hidden.done"),
+        tiny_command(tmp_path, *SLURM_OPTIONS, f"{RESULTS_ROOT}/many/hidden.done"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=slurm.env,

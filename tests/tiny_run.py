@@ -46,12 +46,18 @@ def tiny_config(model_dir: Path) -> dict:
     }
 
 
+def snakemake_command(workdir: Path, *args: str) -> list[str]:
+    """The command line every test runs Snakemake with: this checkout's Snakefile on `workdir`."""
+    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+            *args]
+
+
 def snakemake(workdir: Path, *args: str, configfile: Path | None = None, timeout: int = 900,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Snakemake on `workdir` with the tiny config (or `configfile`)."""
     config = configfile or workdir / "tiny.yaml"
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-               "--configfile", str(config), "--cores", "2", "--resources", "api=1", *args]
+    command = snakemake_command(workdir, "--configfile", str(config), "--cores", "2", "--resources", "api=1",
+                                *args)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
