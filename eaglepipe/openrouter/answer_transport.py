@@ -3,8 +3,8 @@ few times a second rather than once per event.
 
 Why: a streamed answer arrives one small chunk per token, and httpx reads each through httpcore, h11 and
 anyio (a timeout scope, an epoll registration and a parser event per chunk): most of the client's CPU at
-one token per event (bench/generation_client.py --seeds). Here an asyncio `Protocol` decodes the body as
-bytes arrive, and two things make the cost per event small:
+one token per event (bench/generation_client.py --seeds). Here an asyncio `BufferedProtocol` decodes the
+body as bytes arrive, and two things make the cost per event small:
 - After each read of an event stream's body the socket rests `REST_S` unread (`pause_reading`): the
   events sent meanwhile wait in the kernel and come in one read, so the event loop's wake-up, `recv` and
   parse are paid per rest, not per event. An answer's end is seen up to `REST_S` late; the first event is
