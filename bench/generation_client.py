@@ -14,6 +14,8 @@ client's not-streamed row's, per event: what streaming itself costs, the per-ans
     python bench/generation_client.py                      # the full table
     python bench/generation_client.py --in-flight 50 --requests 200 --tokens-per-s 100   # a smoke run
     python bench/generation_client.py --seeds --previous-tree /tmp/ep-prev   # the seeds' shape, old vs new
+    python bench/generation_client.py --seeds --tokens-per-s 15 --requests 300 --previous-tree /tmp/ep-prev
+        # the same at the seeds' own rate per connection (half the events per read; two waves, ~12 min)
 
 `--seeds` runs the seeds' shape scaled to what two cores can serve (`SEEDS_SHAPE`: long answers at one
 token per event, so the per-event cost is what it measures; other options still override it) with only

@@ -3,8 +3,8 @@ few times a second rather than once per event.
 
 Why: a streamed answer arrives one small chunk per token, and httpx reads each through httpcore, h11 and
 anyio (a timeout scope, an epoll registration and a parser event per chunk): most of the client's CPU at
-one token per event (bench/generation_client.py --seeds). Here an asyncio `Protocol` decodes the body as
-bytes arrive, and two things make the cost per event small:
+one token per event (bench/generation_client.py --seeds). Here an asyncio `BufferedProtocol` decodes the
+body as bytes arrive, and two things make the cost per event small:
 - After each read of an event stream's body the socket rests `REST_S` unread (`pause_reading`): the
   events sent meanwhile wait in the kernel and come in one read, so the event loop's wake-up, `recv` and
   parse are paid per rest, not per event. An answer's end is seen up to `REST_S` late; the first event is
@@ -41,6 +41,7 @@ URGENT = (b'"error"', b"[DONE]")
 MAX_HEAD_BYTES = 65536
 REST_S = 0.5  # after each read of a body, the socket is left unread this long (module docstring)
 DRAIN_S = 2 * REST_S  # how long a connection whose reader stopped early may take to finish its body
+READ_BUFFER_BYTES = 1 << 18  # what one read takes at most, as asyncio's own reads
 PAUSE_BYTES = 1 << 20  # a reader this far behind stops the socket's reads until it catches up
 
 
@@ -68,6 +69,7 @@ class AnswerTransport(httpx.AsyncBaseTransport):
         self._ssl = ssl_context
         self._keep_alive = keep_alive
         self._idle: dict[tuple[bytes, bytes, int], list[_Connection]] = {}
+        self._read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.method != "POST" or not request.url.path.endswith(ROUTE):
@@ -121,7 +123,7 @@ class AnswerTransport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(timeout):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(loop), host.decode("ascii"), port, ssl=tls
+                    lambda: _Connection(loop, self._read_buffer), host.decode("ascii"), port, ssl=tls
                 )
         except TimeoutError:
             raise httpx.ConnectTimeout("timed out connecting") from None
@@ -181,12 +183,17 @@ class _Body(httpx.AsyncByteStream):
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _LENGTH, _UNTIL_CLOSE, _DONE = range(8)
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """One HTTP/1.1 connection: parses the response head and decodes the body in `data_received`,
-    gathering body bytes in `body` until the reader is due a wake-up (see the module docstring)."""
+    gathering body bytes in `body` until the reader is due a wake-up (see the module docstring).
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    Reads go into `buffer`, one per transport shared by its connections (a read is copied out before the
+    next can start): a plain `Protocol` gets each read as a new 256 KiB bytes object, which malloc
+    serves with an mmap and munmap per read."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, buffer: memoryview) -> None:
         self._loop = loop
+        self._buffer = buffer
         self._transport: asyncio.Transport | None = None
         self._resting = False
         self.lost = False
@@ -284,6 +291,12 @@ class _Connection(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._buffer[:nbytes].tobytes())
+
     def data_received(self, data: bytes) -> None:
         self.last_read = self._loop.time()
         try:
@@ -325,6 +338,10 @@ class _Connection(asyncio.Protocol):
         while position < size:
             state = self._state
             if state == _CHUNK_SIZE:
+                position = self._whole_chunks(data, position, added)
+                if self._state != _CHUNK_SIZE or position >= size:
+                    continue
+                # a partial chunk, or a size line with an extension: step by step
                 end = data.find(b"\r\n", position)
                 if end == -1:
                     break
@@ -376,6 +393,32 @@ class _Connection(asyncio.Protocol):
             self.body.append(piece)
             self.body_bytes += len(piece)
         return piece
+
+    def _whole_chunks(self, data: bytes, position: int, added: list[bytes]) -> int:
+        """Decodes the whole chunks from `position` in one loop (no state change per chunk: a read holds
+        a rest's worth of events, one chunk each); returns where the first incomplete one starts, or past
+        the last chunk (`_TRAILER`)."""
+        find, size = data.find, len(data)
+        while True:
+            end = find(b"\r\n", position)
+            if end == -1:
+                return position
+            try:
+                length = int(data[position:end], 16)
+            except ValueError:  # a chunk extension (`;name=value`), or malformed: the step-by-step path
+                return position
+            if length <= 0:
+                if length:
+                    raise httpx.RemoteProtocolError("malformed chunk size in the response body")
+                self._state = _TRAILER
+                return end + 2
+            stop = end + 2 + length
+            if stop + 2 > size:
+                return position
+            if data[stop : stop + 2] != b"\r\n":
+                raise httpx.RemoteProtocolError("a body chunk not followed by CRLF")
+            added.append(data[end + 2 : stop])
+            position = stop + 2
 
     def _read_head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
