@@ -246,6 +246,24 @@ def test_an_error_chunk_fails_at_once_even_if_the_connection_stays_open() -> Non
     assert asyncio.run(main()) < 2.0
 
 
+def test_a_bad_event_after_the_first_journals_its_id_and_names_the_answer() -> None:
+    """The first chunk's id (no header here) is journaled even when a later event of the same read is not
+    JSON, and the failure carries the id, so the ledger can still charge the request."""
+    head = STREAM_HEAD.replace(b"x-generation-id: gen-t\r\n", b"")
+    body = head + chunked(event(content_chunk("part")) + b"data: {not json\n\n") + b"0\r\n\r\n"
+
+    async def main() -> tuple[list[str], RequestFailed]:
+        started: list[str] = []
+        async with RawServer([whole(body)]) as url:
+            with pytest.raises(RequestFailed) as failed:
+                await streamed(url, started)
+        return started, failed.value
+
+    started, failure = asyncio.run(main())
+    assert started == ["gen-t"]
+    assert failure.generation_id == "gen-t" and failure.provider == "Fake" and "not JSON" in failure.detail
+
+
 def test_a_reset_mid_event_is_a_network_error_without_the_key() -> None:
     body = STREAM_HEAD + chunked(event(content_chunk("part")), b'data: {"id": "gen-t", "choi')
 

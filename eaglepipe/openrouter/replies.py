@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -207,27 +207,32 @@ class _EventReader:
         return payloads
 
 
-def _parsed(payloads: list[bytes]) -> list[dict[str, Any]]:
+class _BadEvent(ValueError):
+    """An event whose data is not a JSON object; its answer fails (named by `add_events`)."""
+
+
+def _parsed(payloads: list[bytes]) -> Iterator[dict[str, Any]]:
     """The JSON chunks of a batch of events, parsed in one call (a JSON array of them: the per-call cost
     of `json.loads` is most of a small chunk's). A batch that does not come out as one object per event
-    is parsed event by event, which finds the bad one."""
+    is parsed event by event, yielding the good ones before the bad one raises `_BadEvent`, so a
+    generation id it came after is journaled."""
     if not payloads:
-        return []
+        return
     try:
         chunks = json.loads(b"[" + b",".join(payloads) + b"]")
     except ValueError:
         chunks = None
-    if chunks is None or len(chunks) != len(payloads) or not all(type(chunk) is dict for chunk in chunks):
-        chunks = []
-        for payload in payloads:
-            try:
-                chunk = json.loads(payload)
-            except ValueError:
-                raise RequestFailed(None, "stream sent a data line that is not JSON") from None
-            if not isinstance(chunk, dict):
-                raise RequestFailed(None, "stream sent a data line that is not a JSON object")
-            chunks.append(chunk)
-    return chunks
+    if chunks is not None and len(chunks) == len(payloads) and all(type(chunk) is dict for chunk in chunks):
+        yield from chunks
+        return
+    for payload in payloads:
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            raise _BadEvent("stream sent a data line that is not JSON") from None
+        if not isinstance(chunk, dict):
+            raise _BadEvent("stream sent a data line that is not a JSON object")
+        yield chunk
 
 
 class _FailureContext:
@@ -293,11 +298,14 @@ class _StreamedAnswer:
     ) -> None:
         """Adds a batch of events in order; the first id seen is journaled before any later chunk (an
         error chunk among them included) is read."""
-        for chunk in _parsed(payloads):
-            first_id = self.generation_id is None and chunk.get("id")
-            self.add(chunk)
-            if first_id and on_started:
-                await on_started(first_id)
+        try:
+            for chunk in _parsed(payloads):
+                first_id = self.generation_id is None and chunk.get("id")
+                self.add(chunk)
+                if first_id and on_started:
+                    await on_started(first_id)
+        except _BadEvent as bad:
+            raise self.context().failed(str(bad), "network") from None
 
     def add(self, chunk: dict[str, Any]) -> None:
         self.generation_id = self.generation_id or chunk.get("id")
