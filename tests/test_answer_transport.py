@@ -288,6 +288,73 @@ def test_a_body_cut_short_is_a_protocol_error() -> None:
     asyncio.run(main())
 
 
+def test_an_error_chunk_split_across_two_reads_still_wakes_the_reader() -> None:
+    """`"error"` cut in two by a read boundary (the second half after a pause longer than a rest), on a
+    connection the server keeps open: the answer fails at once, not at the read timeout."""
+    error = {"id": "gen-t", "error": {"code": 502, "message": "upstream died"}, "choices": []}
+    body = STREAM_HEAD + chunked(event(content_chunk("first")), event(content_chunk("second")), event(error))
+    cut = body.index(b'"error"') + 3
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(body[:cut])
+        await writer.drain()
+        await asyncio.sleep(0.8)
+        writer.write(body[cut:])
+        await writer.drain()
+        await asyncio.sleep(8.0)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        async with RawServer([script]) as url:
+            began = loop.time()
+            with pytest.raises(RequestFailed) as failed:
+                await streamed(url, [], read_timeout_s=6.0)
+            assert failed.value.status == 502
+            return loop.time() - began
+
+    assert asyncio.run(main()) < 3.0
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n+a\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n0x5\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n"
+        b"",
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"1" * 5000,
+    ],
+    ids=["signed-size", "0x-size", "two-lengths", "negative-length", "endless-size-line"],
+)
+def test_framing_that_http_1_1_does_not_allow_is_a_protocol_error(head: bytes) -> None:
+    async def main() -> None:
+        async with RawServer([whole(head, stay_open_s=3.0)]) as url:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await streamed(url, [], read_timeout_s=2.0)
+
+    asyncio.run(main())
+
+
+def test_an_interim_100_is_skipped_and_a_double_framed_answer_is_not_reused() -> None:
+    """`100 Continue` before the answer is skipped; an answer framed both chunked and by a length is read
+    chunked (as RFC 9112 says) and its connection not used again."""
+    body = chunked(event(content_chunk("ok", "stop")), event(USAGE_CHUNK), b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    both = STREAM_HEAD.replace(b"\r\n\r\n", b"\r\ncontent-length: 3\r\n\r\n")
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+    async def main() -> tuple[list[dict[str, Any]], RawServer]:
+        server = RawServer([whole(interim + both + body), whole(STREAM_HEAD + body)])
+        async with server as url:
+            replies = [await streamed(url, []) for _ in range(2)]
+        return replies, server
+
+    replies, server = asyncio.run(main())
+    assert [reply["response"]["content"] for reply in replies] == ["ok", "ok"]
+    assert server.connections == 2
+
+
 def test_a_stalled_stream_times_out_on_the_gap_between_reads() -> None:
     body = STREAM_HEAD + chunked(event(content_chunk("part")))
 

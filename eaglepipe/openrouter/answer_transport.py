@@ -28,6 +28,7 @@ callers' workers, one request each.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import urllib.parse
 import urllib.request
@@ -39,6 +40,9 @@ ROUTE = "/chat/completions"
 BATCH_BYTES = 16384
 URGENT = (b'"error"', b"[DONE]")
 MAX_HEAD_BYTES = 65536
+MAX_LINE_BYTES = 4096  # a chunk-size or trailer line longer than this is no HTTP/1.1 a server sends
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")  # a chunk size as RFC 9112 spells it (int() takes more: +, _, 0x)
+_MARKER_REACH = max(len(marker) for marker in URGENT) - 1  # bytes of a marker a read can end with
 REST_S = 0.5  # after each read of a body, the socket is left unread this long (module docstring)
 DRAIN_S = 2 * REST_S  # how long a connection whose reader stopped early may take to finish its body
 READ_BUFFER_BYTES = 1 << 18  # what one read takes at most, as asyncio's own reads
@@ -69,6 +73,7 @@ class AnswerTransport(httpx.AsyncBaseTransport):
         self._ssl = ssl_context
         self._keep_alive = keep_alive
         self._idle: dict[tuple[bytes, bytes, int], list[_Connection]] = {}
+        self._closed = False
         self._read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -110,8 +115,9 @@ class AnswerTransport(httpx.AsyncBaseTransport):
         return None
 
     def release(self, origin: tuple[bytes, bytes, int], connection: _Connection) -> None:
+        """Back to the pool, or closed: a connection that finished draining after `aclose` is closed."""
         idle = self._idle.setdefault(origin, [])
-        if connection.reusable() and len(idle) < self._keep_alive:
+        if connection.reusable() and len(idle) < self._keep_alive and not self._closed:
             idle.append(connection)
         else:
             connection.close()
@@ -132,6 +138,7 @@ class AnswerTransport(httpx.AsyncBaseTransport):
         return connection
 
     async def aclose(self) -> None:
+        self._closed = True
         for idle in self._idle.values():
             for connection in idle:
                 connection.close()
@@ -211,6 +218,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.error: Exception | None = None
         self._state = _HEAD
         self._pending = b""
+        self._tail = b""  # the last bytes of the previous read's body: a marker may straddle two reads
         self._remaining = 0
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -222,8 +230,10 @@ class _Connection(asyncio.BufferedProtocol):
         self._transport = transport  # type: ignore[assignment]
 
     def send(self, data: bytes) -> None:
+        """The request; the read timeout runs from here (not from the connect or the TLS handshake)."""
         assert self._transport is not None
         self._transport.write(data)
+        self.last_read = self._loop.time()
 
     def reusable(self) -> bool:
         return (
@@ -313,8 +323,10 @@ class _Connection(asyncio.BufferedProtocol):
                 if self.eager:
                     self.eager = not self.event_stream or b"data:" not in added
                     self._wake()
-                elif URGENT[0] in added or URGENT[1] in added:
+                elif any(m in added or m in self._tail + added[: len(m) - 1] for m in URGENT):
                     self._wake()
+        if added is not None:
+            self._tail = added[-_MARKER_REACH:]
         if not (self.eager or self.complete or self._resting or self._transport is None):
             self._resting = True
             self._transport.pause_reading()
@@ -344,11 +356,12 @@ class _Connection(asyncio.BufferedProtocol):
                 # a partial chunk, or a size line with an extension: step by step
                 end = data.find(b"\r\n", position)
                 if end == -1:
+                    _check_line_length(size - position)
                     break
-                try:
-                    self._remaining = int(data[position:end].split(b";", 1)[0], 16)
-                except ValueError:
-                    raise httpx.RemoteProtocolError("malformed chunk size in the response body") from None
+                size_field = data[position:end].split(b";", 1)[0].rstrip(b" \t")
+                if not _HEX.fullmatch(size_field):
+                    raise httpx.RemoteProtocolError("malformed chunk size in the response body")
+                self._remaining = int(size_field, 16)
                 position = end + 2
                 self._state = _CHUNK_DATA if self._remaining else _TRAILER
             elif state in (_CHUNK_DATA, _LENGTH):
@@ -368,6 +381,7 @@ class _Connection(asyncio.BufferedProtocol):
             elif state == _TRAILER:
                 end = data.find(b"\r\n", position)
                 if end == -1:
+                    _check_line_length(size - position)
                     break
                 self._state = _TRAILER if end > position else self._finish()
                 position = end + 2
@@ -403,13 +417,10 @@ class _Connection(asyncio.BufferedProtocol):
             end = find(b"\r\n", position)
             if end == -1:
                 return position
-            try:
-                length = int(data[position:end], 16)
-            except ValueError:  # a chunk extension (`;name=value`), or malformed: the step-by-step path
+            if not _HEX.fullmatch(data, position, end):  # an extension, or malformed: step by step
                 return position
-            if length <= 0:
-                if length:
-                    raise httpx.RemoteProtocolError("malformed chunk size in the response body")
+            length = int(data[position:end], 16)
+            if not length:
                 self._state = _TRAILER
                 return end + 2
             stop = end + 2 + length
@@ -436,6 +447,7 @@ class _Connection(asyncio.BufferedProtocol):
                 raise httpx.RemoteProtocolError("malformed response header line")
             headers.append((name.strip(), value.strip()))
         fields = {name.lower(): value.lower() for name, value in headers}
+        lengths = {value for name, value in headers if name.lower() == b"content-length"}
         self.event_stream = b"text/event-stream" in fields.get(b"content-type", b"")
         self.keep_alive = version == b"HTTP/1.1" and b"close" not in fields.get(b"connection", b"")
         reason = parts[2] if len(parts) > 2 else b""
@@ -444,11 +456,13 @@ class _Connection(asyncio.BufferedProtocol):
             self._state = self._finish()
         elif b"chunked" in fields.get(b"transfer-encoding", b""):
             self._state = _CHUNK_SIZE
-        elif b"content-length" in fields:
-            try:
-                self._remaining = int(fields[b"content-length"])
-            except ValueError:
-                raise httpx.RemoteProtocolError("malformed Content-Length") from None
+            if lengths:  # both framings: chunked wins, and the connection is not trusted again
+                self.keep_alive = False
+        elif lengths:
+            (length,) = lengths if len(lengths) == 1 else (b"",)
+            if not length.isdigit():
+                raise httpx.RemoteProtocolError("malformed or conflicting Content-Length")
+            self._remaining = int(length)
             self._state = _LENGTH if self._remaining else self._finish()
         else:
             self.keep_alive = False
@@ -492,3 +506,8 @@ class _Connection(asyncio.BufferedProtocol):
         if self._transport is not None:
             self._transport.close()
         self._wake()
+
+
+def _check_line_length(pending: int) -> None:
+    if pending > MAX_LINE_BYTES:
+        raise httpx.RemoteProtocolError("a chunk-size or trailer line too long in the response body")
