@@ -36,6 +36,7 @@ def decode(model, prompts, steps, cache_of, drop_after=None):
     return seen
 
 
+@pytest.mark.slow  # four 20-step decodes of the real model: about 10 s, more than the rest of the file
 def test_growing_cache_decodes_exactly_like_transformers_own(model):
     prompts = [[100 + i + row for i in range(12)] for row in range(3)]
     for drop_after in (None, 3):
