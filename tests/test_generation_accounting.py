@@ -223,13 +223,13 @@ def test_stored_content_of_cut_answers_is_journaled_and_not_bought_again(tmp_pat
     whose prompt offers tools (stored content holds no tool calls): that one is charged and bought again."""
     prompts = [*PROMPTS[:4], {**PROMPTS[4], "tools": TOOLS}]
     faults = [{"fault": "cutoff", "probability": 1.0, "after_tokens": 2}]
-    delay = ["--generation-delay-s", "1.0"] if when == "at_the_next_start" else []
+    delay = ["--generation-delay-s", str(DELAY_S)] if when == "at_the_next_start" else []
     wait = {"recovery_wait_s": 0.1} if when == "at_the_next_start" else {}
     with emulator(tmp_path / "emulator", faults, "--store-content", *delay) as url:
         first = generate(url, tmp_path, prompts=prompts, max_attempts=1, **wait)
         if when == "at_the_next_start":
             assert first.done == 0 and first.unresolved == len(prompts)
-            time.sleep(1.1)
+            time.sleep(DELAY_S + 0.1)
         second = generate(url, tmp_path, prompts=prompts, max_attempts=1)
         records = journaled_once(tmp_path)
         contents = {
