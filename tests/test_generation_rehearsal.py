@@ -73,6 +73,16 @@ class Rig:
             *args,  # after the targets: options such as --resources take several values
         )
 
+    def start(self) -> subprocess.Popen:
+        """Snakemake in its own process group, so that a test can kill the whole run at once."""
+        return subprocess.Popen(
+            self.command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
+
     def snakemake(self, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
         return subprocess.run(
             self.command(*args), capture_output=True, text=True, timeout=timeout, env=self.env
@@ -166,13 +176,7 @@ def test_sigkill_mid_run_then_rerun_buys_each_prompt_once(tmp_path: Path) -> Non
             generation={"concurrency": 700, "max_tokens": 200},
             budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
         )
-        process = subprocess.Popen(
-            run.command(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=run.env,
-            start_new_session=True,
-        )
+        process = run.start()
         deadline = time.monotonic() + 120
         while True:
             assert process.poll() is None, "snakemake ended before the kill"
@@ -220,13 +224,7 @@ def test_answers_cut_by_a_kill_are_journaled_from_stored_content_not_bought_agai
             generation={"concurrency": 100, "max_tokens": 200},
             budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
         )
-        process = subprocess.Popen(
-            run.command(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=run.env,
-            start_new_session=True,
-        )
+        process = run.start()
         deadline = time.monotonic() + 120
         while not (run.stats()["in_flight"] >= 80 and run.journal("stored")):
             assert process.poll() is None, "snakemake ended before the kill"
