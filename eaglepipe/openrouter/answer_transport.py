@@ -28,11 +28,13 @@ callers' workers, one request each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import ssl
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import httpx
 
@@ -47,6 +49,13 @@ REST_S = 0.5  # after each read of a body, the socket is left unread this long (
 DRAIN_S = 2 * REST_S  # how long a connection whose reader stopped early may take to finish its body
 READ_BUFFER_BYTES = 1 << 18  # what one read takes at most, as asyncio's own reads
 PAUSE_BYTES = 1 << 20  # a reader this far behind stops the socket's reads until it catches up
+BODY_ARRIVED = "eaglepipe.body_arrived"  # the response extension `body_arrived` reads
+
+
+def body_arrived(response: httpx.Response) -> bool:
+    """Whether the whole body had arrived with the response's head (False where unknown: httpx's own
+    transport): then nothing is left to be cut off between the two."""
+    return bool(response.extensions.get(BODY_ARRIVED))
 
 
 def answer_transport(base_url: str, ssl_context: ssl.SSLContext, connections: int) -> AnswerTransport | None:
@@ -61,6 +70,49 @@ def answer_transport(base_url: str, ssl_context: ssl.SSLContext, connections: in
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     fallback = httpx.AsyncHTTPTransport(verify=ssl_context, limits=limits)
     return AnswerTransport(fallback, ssl_context, keep_alive=connections)
+
+
+class ChatRoute:
+    """`POST chat/completions` of one httpx client, handed straight to its `AnswerTransport`, past httpx's
+    client layer (URL and header merging, the auth and redirect flows, cookie extraction on every
+    response: about 0.15 ms of CPU per request, as much as the transport's own work on a plain answer).
+    Without such a transport (a proxy) the client does everything. It offers httpx's `stream` for that
+    one route, so the readers take a route or a client alike; the client stays `http`, for the rest."""
+
+    def __init__(self, http: httpx.AsyncClient, transport: AnswerTransport | None) -> None:
+        self.http = http
+        self._transport = transport
+        self._timeout = http.timeout.as_dict()
+        self._templates: dict[tuple[tuple[str, str], ...], httpx.Request] = {}
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, method: str, url: str, *, json: Any, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[httpx.Response]:
+        if self._transport is None or method != "POST" or url != ROUTE.lstrip("/"):
+            async with self.http.stream(method, url, json=json, headers=headers) as response:
+                yield response
+            return
+        template = self._template(headers)
+        request = httpx.Request(
+            method, template.url, headers=template.headers, json=json, extensions={"timeout": self._timeout}
+        )
+        response = await self._transport.handle_async_request(request)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    def _template(self, headers: Mapping[str, str] | None) -> httpx.Request:
+        """The URL and headers httpx's client would send, merged once per set of extra headers."""
+        key = tuple(headers.items()) if headers else ()
+        template = self._templates.get(key)
+        if template is None:
+            template = self.http.build_request("POST", ROUTE.lstrip("/"), headers=headers)
+            for name in ("content-length", "transfer-encoding", "content-type"):
+                template.headers.pop(name, None)
+            self._templates[key] = template
+        return template
 
 
 class AnswerTransport(httpx.AsyncBaseTransport):
@@ -100,7 +152,11 @@ class AnswerTransport(httpx.AsyncBaseTransport):
             status,
             headers=headers,
             stream=_Body(connection, self, origin, timeouts.get("read")),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": reason,
+                BODY_ARRIVED: connection.complete,
+            },
             request=request,
         )
 

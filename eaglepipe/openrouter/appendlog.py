@@ -1,17 +1,22 @@
 """Append-only JSON-lines files that are on disk before `append` returns: the journal and the ledger.
 
 Appends waiting together are written by one write + fsync (group commit), so 2000 requests in flight
-cost a few fsyncs per second rather than one each. A shared log (the run-wide ledger) takes an exclusive
-`flock` around each batch, so generation jobs running at once never interleave bytes. A crash can leave
-at most one torn last line (no trailing newline): readers skip it and the next writer cuts it off.
+cost a few fsyncs per second rather than one each; a line whose content is durable elsewhere is written
+behind (`append_behind`), without an fsync of its own. A shared log (the run-wide ledger) takes an
+exclusive `flock` around each write, so generation jobs running at once never interleave bytes. A crash
+can leave at most one torn last line (no trailing newline): readers skip it and the next writer cuts it
+off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import logging
 import os
+import queue
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -60,71 +65,115 @@ def split_torn_tail(data: bytes) -> tuple[bytes, bytes]:
     return data[:end], data[end:]
 
 
-class _Batch:
-    def __init__(self) -> None:
-        self.lines: list[bytes] = []
-        self.written = anyio.Event()
-        self.error: OSError | None = None
-
-
 class AppendLog:
-    """Use as `async with AppendLog(path) as log: await log.append(record)`. Appends are shielded from
-    cancellation: a stopped task group or Ctrl-C never leaves half a record behind."""
+    """Use as `async with AppendLog(path) as log: await log.append(record)`.
+
+    One writer thread per log does the writes and fsyncs, so the event loop never waits on the disk and
+    a hand-off costs a queue put and one wake-up (anyio's worker threads cost twice that in this client's
+    profile). A line is handed over before `append` first waits: a cancelled caller stops waiting, the
+    line is still written whole, in order, and on disk when the log closes."""
 
     def __init__(self, path: Path, *, shared: bool = False) -> None:
         self.path = Path(path)
         self.shared = shared
         self._file: Any = None
-        self._pending = _Batch()
-        self._committing = False
+        self._queue: queue.SimpleQueue[tuple[bytes, asyncio.Future[None] | None] | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> AppendLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "ab")  # noqa: SIM115 - closed in __aexit__
         with self._locked():
             self._cut_torn_tail()
+        self._loop = asyncio.get_running_loop()
+        self._writer = threading.Thread(
+            target=self._write_forever, name=f"append {self.path.name}", daemon=True
+        )
+        self._writer.start()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        """Every line handed over is on disk before the file closes."""
+        assert self._writer is not None
+        self._queue.put(None)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._writer.join)
         self._file.close()
 
     async def append(self, record: dict[str, Any]) -> None:
         """Returns once the record is on disk: only then may what it records count as done."""
-        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
-        with anyio.CancelScope(shield=True):
-            batch = self._pending
-            batch.lines.append(line)
-            if self._committing:
-                await batch.written.wait()
+        assert self._loop is not None
+        written = self._loop.create_future()
+        self._queue.put((_line(record), written))
+        await written
+
+    def append_behind(self, record: dict[str, Any]) -> None:
+        """Written in order after what was handed over before, without waiting, and fsynced with the next
+        `append` (or the close): for a line whose content is already durable elsewhere (a kept answer's
+        bill, which the next start rebuilds from the journal), so a kill loses nothing."""
+        self._queue.put((_line(record), None))
+
+    async def flush(self) -> None:
+        """Until every line handed over before is on disk."""
+        assert self._loop is not None
+        written = self._loop.create_future()
+        self._queue.put((b"", written))
+        await written
+
+    def _write_forever(self) -> None:
+        """Writes what waits in the queue in one write (group commit), fsynced when any of it waits for
+        that; a write error fails the waiting appends and is logged for lines nobody waits on."""
+        unsynced = False
+        while True:
+            item = self._queue.get()
+            closing = item is None
+            batch = [] if closing else [item]
+            while not closing:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                closing = item is None
+                if not closing:
+                    batch.append(item)
+            waiting = [written for _, written in batch if written is not None]
+            error = None
+            try:
+                if batch:
+                    self._write(b"".join(line for line, _ in batch))
+                    unsynced = True
+                if unsynced and (waiting or closing):
+                    os.fsync(self._file.fileno())
+                    unsynced = False
+            except OSError as failure:
+                error = failure
+                log.error("cannot write %s (%s)", self.path, failure.strerror)
+            if waiting:
+                self._loop.call_soon_threadsafe(self._settle, waiting, error)  # type: ignore[union-attr]
+            if closing:
+                return
+
+    def _settle(self, waiting: list[asyncio.Future[None]], error: OSError | None) -> None:
+        for written in waiting:
+            if written.done():  # its caller was cancelled
+                continue
+            if error is None:
+                written.set_result(None)
             else:
-                await self._commit()
-            if batch.error is not None:
-                raise OpenRouterError(
-                    f"cannot write {self.path} ({batch.error.strerror}): free disk space or fix permissions, "
-                    "then rerun"
+                written.set_exception(
+                    OpenRouterError(
+                        f"cannot write {self.path} ({error.strerror}): free disk space or fix permissions, "
+                        "then rerun"
+                    )
                 )
 
-    async def _commit(self) -> None:
-        """The first appender writes every batch that gathers while it waits on the disk."""
-        self._committing = True
-        try:
-            while self._pending.lines:
-                batch, self._pending = self._pending, _Batch()
-                try:
-                    await anyio.to_thread.run_sync(self._write_durably, b"".join(batch.lines))
-                except OSError as error:
-                    batch.error = error
-                batch.written.set()
-        finally:
-            self._committing = False
-
-    def _write_durably(self, data: bytes) -> None:
+    def _write(self, data: bytes) -> None:
         with self._locked():
             self._file.write(data)
             self._file.flush()
-            os.fsync(self._file.fileno())
 
     def _locked(self) -> _FileLock:
         return _FileLock(self._file.fileno() if self.shared else None)
@@ -134,6 +183,10 @@ class AppendLog:
         if torn:
             log.warning("%s: dropping a torn last line (%d bytes) from a killed run", self.path, len(torn))
             os.truncate(self.path, len(complete))
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
 class _FileLock:

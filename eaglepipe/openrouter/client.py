@@ -30,7 +30,7 @@ import certifi
 import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from eaglepipe.openrouter.answer_transport import answer_transport
+from eaglepipe.openrouter.answer_transport import ChatRoute, answer_transport
 from eaglepipe.openrouter.appendlog import AppendLog
 from eaglepipe.openrouter.breaker import ProviderBreaker
 from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
@@ -224,10 +224,12 @@ async def generate_set(
     run.done_ids.update(earlier)
     heartbeat = Heartbeat(ledger_dir, dataset)
     async with contextlib.AsyncExitStack() as stack:
-        pools = [await stack.enter_async_context(pool) for pool in _http_pools(settings, api_key)]
+        routes = _http_pools(settings, api_key)
+        for route in routes:
+            await stack.enter_async_context(route.http)
         journal = await stack.enter_async_context(open_journal(journal_dir))
         ledger = await stack.enter_async_context(RunLedger(ledger_dir, dataset))
-        http = pools[0]  # also for /key and /generation
+        http = routes[0].http  # also for /key and /generation
         run.ledger, run.http, run.journal = ledger, http, journal
         # Settled before the prompts are counted: an answer an earlier run lost, journaled now from
         # `/generation/content`, is resumed rather than bought again.
@@ -247,7 +249,7 @@ async def generate_set(
         try:
             async with anyio.create_task_group() as housekeeping:
                 housekeeping.start_soon(_tick_forever, run, heartbeat)
-                await _feed_workers(todo, pools, journal, run)
+                await _feed_workers(todo, routes, journal, run)
                 housekeeping.cancel_scope.cancel()
         finally:
             heartbeat.remove()
@@ -621,28 +623,31 @@ def _raise_open_file_limit(concurrency: int) -> None:
         )
 
 
-def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[httpx.AsyncClient]:
+def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[ChatRoute]:
     """Clients of at most POOL_CONNECTIONS connections each, all kept alive. httpcore (1.0.x) scans its
     connection list once per idle connection whenever a request starts or ends, so a pool costs O(size^2)
     per request: 2000 in one pool is hopeless, 250 still dominated the client's CPU, 50 does not (see
     bench/generation_client.py). Capping idle connections instead makes requests pay new connections.
-    Chat completions go through `answer_transport`'s own connections, the rest through httpx's."""
+    Chat completions go through `answer_transport`'s own connections (each client's `ChatRoute`), the rest
+    through httpx's."""
     count = math.ceil(settings.concurrency / POOL_CONNECTIONS)
     size = math.ceil(settings.concurrency / count)
     tls = ssl.create_default_context(cafile=certifi.where())  # one CA load, not one per client
-    return [
-        httpx.AsyncClient(
+    routes = []
+    for _ in range(count):
+        transport = answer_transport(settings.base_url, tls, size)
+        http = httpx.AsyncClient(
             verify=tls,
             base_url=settings.base_url.rstrip("/") + "/",
             headers=api_key.authorization_header() if api_key else {},
             # `limits` applies only where a proxy leaves httpx its own transport (answer_transport None).
             limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-            transport=answer_transport(settings.base_url, tls, size),
+            transport=transport,
             # Read = the longest gap between bytes; no pool timeout: admission caps the waiting requests.
             timeout=httpx.Timeout(settings.request_timeout_s, pool=None),
         )
-        for _ in range(count)
-    ]
+        routes.append(ChatRoute(http, transport))
+    return routes
 
 
 async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -669,6 +674,7 @@ async def _recover(run: _Run, *, at_end: bool) -> list[dict[str, Any]]:
     A found one whose prompt has no answer yet is journaled from `/generation/content` where that holds
     the whole answer (`recovered.py`); those records are returned, for the caller to count."""
     assert run.ledger is not None and run.http is not None and run.journal is not None
+    await run.ledger.flush()  # bills written behind count as resolved, not as requests to look up
     pending = run.ledger.view.refresh().unresolved_of(run.dataset)
     if not pending:
         return []
@@ -777,14 +783,14 @@ async def _check_key(run: _Run) -> KeyState | None:
 
 
 async def _feed_workers(
-    todo: list[dict[str, Any]], pools: list[httpx.AsyncClient], journal: AppendLog, run: _Run
+    todo: list[dict[str, Any]], routes: list[ChatRoute], journal: AppendLog, run: _Run
 ) -> None:
     """Worker i sends through pool i mod n, so every pool carries an equal share of the requests."""
     settings = run.settings
     send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
     async with anyio.create_task_group() as workers:
         for number in range(min(settings.concurrency, len(todo))):
-            workers.start_soon(_worker, receive.clone(), pools[number % len(pools)], journal, run)
+            workers.start_soon(_worker, receive.clone(), routes[number % len(routes)], journal, run)
         receive.close()
         async with send:
             for prompt in todo:
@@ -794,21 +800,19 @@ async def _feed_workers(
 
 
 async def _worker(
-    prompts: MemoryObjectReceiveStream[dict[str, Any]], http: httpx.AsyncClient, journal: AppendLog, run: _Run
+    prompts: MemoryObjectReceiveStream[dict[str, Any]], route: ChatRoute, journal: AppendLog, run: _Run
 ) -> None:
     async with prompts:
         async for prompt in prompts:
             try:
-                await _complete_prompt(prompt, http, journal, run)
+                await _complete_prompt(prompt, route, journal, run)
             finally:
                 run.in_flight -= 1
                 run.forecast.finish(prompt["id"])
                 run.notify()
 
 
-async def _complete_prompt(
-    prompt: dict[str, Any], http: httpx.AsyncClient, journal: AppendLog, run: _Run
-) -> None:
+async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: AppendLog, run: _Run) -> None:
     """Try until done, failed for good, or the run is stopping (then the prompt stays to resume)."""
     settings, ledger = run.settings, run.ledger
     assert ledger is not None
@@ -832,9 +836,9 @@ async def _complete_prompt(
         try:
             with anyio.fail_after(settings.request_timeout_s):
                 if settings.stream:
-                    reply = await read_streamed_reply(http, body, on_started=started)
+                    reply = await read_streamed_reply(route, body, on_started=started)
                 else:
-                    reply = await read_reply(http, body, on_started=started)
+                    reply = await read_reply(route, body, on_started=started)
             if allowed and str(reply.get("provider") or "").lower() not in allowed:
                 await _bill(ledger, prompt["id"], reply, outcome="discarded")
                 raise RequestFailed(
@@ -861,7 +865,7 @@ async def _complete_prompt(
                 "attempts": attempt,
             }
             await journal.append(record)
-            await _bill(ledger, prompt["id"], reply, outcome="kept")
+            await _bill(ledger, prompt["id"], reply, outcome="kept", journaled=True)
             run.count_done(record, resumed=False)
             await run.check_usable(prompt, record)
             return
@@ -895,10 +899,12 @@ async def _complete_prompt(
             return
 
 
-async def _bill(ledger: RunLedger, prompt_id: str, reply: dict[str, Any], *, outcome: str) -> None:
-    """Book an answer at its reported cost. One without a cost (a stream that ended without its usage
-    chunk, `cost: null`) is not booked at $0: it stays unresolved, held at its worst case, until
-    `/generation` prices it."""
+async def _bill(
+    ledger: RunLedger, prompt_id: str, reply: dict[str, Any], *, outcome: str, journaled: bool = False
+) -> None:
+    """Book an answer at its reported cost (`journaled`: see `RunLedger.billed`). One without a cost (a
+    stream that ended without its usage chunk, `cost: null`) is not booked at $0: it stays unresolved,
+    held at its worst case, until `/generation` prices it."""
     usage = reply.get("usage") or {}
     if usage.get("cost") is None and reply.get("generation_id"):
         await ledger.ensure_started(prompt_id, reply["generation_id"])
@@ -910,6 +916,7 @@ async def _bill(ledger: RunLedger, prompt_id: str, reply: dict[str, Any], *, out
         outcome=outcome,
         completion_tokens=usage.get("completion_tokens"),
         provider=reply.get("provider"),
+        journaled=journaled,
     )
 
 

@@ -101,6 +101,10 @@ class RunLedger:
     async def __aexit__(self, *exc: Any) -> None:
         await self._log.__aexit__(*exc)
 
+    async def flush(self) -> None:
+        """Until every line handed over, those written behind included, is on disk."""
+        await self._log.flush()
+
     async def started(self, prompt_id: str, generation_id: str, fingerprint: str | None = None) -> None:
         await self._log.append(
             {
@@ -130,22 +134,28 @@ class RunLedger:
         outcome: str,
         completion_tokens: int | None = None,
         provider: str | None = None,
+        journaled: bool = False,
     ) -> None:
+        """`journaled`: the answer's journal record, which holds its generation id and cost, is on disk
+        already, so the line is written behind without waiting (a start after a kill bills journaled
+        answers the ledger lacks); until it is written the request stays unresolved, held at worst case."""
         self.outcomes[outcome] += 1
         self.usd_billed += usd
-        await self._log.append(
-            {
-                "event": "billed",
-                "set": self.dataset,
-                "prompt_id": prompt_id,
-                "generation_id": generation_id,
-                "usd": usd,
-                "completion_tokens": completion_tokens,
-                "outcome": outcome,
-                "provider": provider,
-                "at": round(time.time(), 3),
-            }
-        )
+        line = {
+            "event": "billed",
+            "set": self.dataset,
+            "prompt_id": prompt_id,
+            "generation_id": generation_id,
+            "usd": usd,
+            "completion_tokens": completion_tokens,
+            "outcome": outcome,
+            "provider": provider,
+            "at": round(time.time(), 3),
+        }
+        if journaled:
+            self._log.append_behind(line)
+        else:
+            await self._log.append(line)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from eaglepipe.openrouter.answer_transport import ChatRoute, body_arrived
 from eaglepipe.openrouter.errors import error_detail, one_line
 
 
@@ -67,17 +68,20 @@ def _error_class(status: int | None, limit_source: str | None, provider_name: st
 
 
 async def read_reply(
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient | ChatRoute,
     body: dict[str, Any],
     on_started: Callable[[str], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """A non-streamed answer, read through httpx's streaming API so that the `X-Generation-Id` header,
     which OpenRouter sends on every answer, is journaled (`on_started`) as soon as the headers arrive:
     a server that sends them before the body (with keep-alive whitespace) lets a cut-off or killed
-    request be found in `/generation` as a streamed one would."""
+    request be found in `/generation` as a streamed one would. Where the whole body came with the head
+    there is nothing left to cut off, and `on_started` is skipped: the answer's journal record follows at
+    once and holds the same id, so a kill in between loses no more than one before `on_started`
+    would (and it saves a durable ledger line per answer)."""
     async with http.stream("POST", "chat/completions", json=body) as response:
         generation_id = response.headers.get("x-generation-id")
-        if response.status_code == 200 and generation_id and on_started:
+        if response.status_code == 200 and generation_id and on_started and not body_arrived(response):
             await on_started(generation_id)
         await response.aread()
     if response.status_code != 200:
@@ -131,7 +135,7 @@ EVENT_STREAM = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
 
 
 async def read_streamed_reply(
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient | ChatRoute,
     body: dict[str, Any],
     on_started: Callable[[str], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
