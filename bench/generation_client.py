@@ -10,6 +10,10 @@ the rate is measured from the emulator's token counter between the first half-po
 last prompt sent (the ramp and the heavy-tailed drain excluded). Client CPU counts from after the client's
 imports (start-up is once per job). "of which streaming" is a streamed row's CPU per response less its
 client's not-streamed row's, per event: what streaming itself costs, the per-answer work taken out.
+"steady" is the client's CPU (read from /proc as the emulator's counters are) over the same window as
+the rate, per answer (not streamed) or per event (streamed, its answers' work included): what a long run
+pays, without the job's start-up and end (about 0.1 s of CPU, a fifth of a millisecond per answer at
+450 answers, which the totals spread over the answers).
 
     python bench/generation_client.py                      # the full table
     python bench/generation_client.py --in-flight 50 --requests 200 --tokens-per-s 100   # a smoke run
@@ -164,18 +168,38 @@ def client_process(args: argparse.Namespace) -> None:
     )
 
 
-def steady_rate(samples: list[tuple[float, dict[str, Any]]], in_flight: int, requests: int) -> float:
-    """Output tok/s while the client holds `in_flight` requests: from the first half-pool of answers to
-    the last prompt sent, so neither the ramp nor the heavy-tailed drain counts."""
-    window = [
-        (at, stats["completion_tokens"])
+def steady_window(
+    samples: list[tuple[float, dict[str, Any]]], in_flight: int, requests: int
+) -> list[tuple[float, dict[str, Any]]]:
+    """The samples while the client holds `in_flight` requests: from the first half-pool of answers to the
+    last prompt sent, so neither the ramp (start-up, connections) nor the heavy-tailed drain counts."""
+    return [
+        (at, stats)
         for at, stats in samples
         if stats["responses_completed"] >= in_flight // 2 and stats["requests_received"] < requests
     ]
+
+
+def steady_rate(window: list[tuple[float, dict[str, Any]]]) -> float:
+    """Output tok/s over the steady window."""
     if len(window) < 2:
         return float("nan")
     (start, first), (end, last) = window[0], window[-1]
-    return (last - first) / (end - start)
+    return (last["completion_tokens"] - first["completion_tokens"]) / (end - start)
+
+
+def steady_cpu(window: list[tuple[float, dict[str, Any]]], per_event: int | None) -> float | None:
+    """The client's CPU seconds per answer (`per_event` None) or per SSE event over the steady window:
+    what a long run pays per answer, without the once-per-job start-up and end that the totals include."""
+    if len(window) < 2:
+        return None
+    first, last = window[0][1], window[-1][1]
+    cpu = last["client_cpu_s"] - first["client_cpu_s"]
+    if per_event is None:
+        answers = last["responses_completed"] - first["responses_completed"]
+        return cpu / answers if answers else None
+    events = (last["completion_tokens"] - first["completion_tokens"]) / per_event
+    return cpu / events if events else None
 
 
 def process_cpu_s(pid: int) -> float:
@@ -183,8 +207,10 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int) -> dict[str, Any]:
-    """One row. The previous tree's client runs with that checkout first on PYTHONPATH (the client process
+def run_case(
+    args: argparse.Namespace, client: str, stream: bool, per_event: int, tree: Path | None = None
+) -> dict[str, Any]:
+    """One row. A previous tree's client runs with that checkout first on PYTHONPATH (the client process
     starts from bench/, so the working copy's package is not on its path)."""
     emulator = [
         "--model-id",
@@ -204,8 +230,8 @@ def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int
         pid = httpx.get(f"{url}/emulator/stats").json()["pid"]
         emulator_cpu = process_cpu_s(pid)
         env = dict(os.environ)
-        if client == PREVIOUS:
-            env["PYTHONPATH"] = str(args.previous_tree)
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
         command = [
             sys.executable,
             __file__,
@@ -227,7 +253,12 @@ def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         while process.poll() is None:
-            samples.append((time.monotonic(), httpx.get(f"{url}/emulator/stats").json()))
+            stats = httpx.get(f"{url}/emulator/stats").json()
+            try:
+                stats["client_cpu_s"] = process_cpu_s(process.pid)
+            except (OSError, IndexError):  # the client just exited
+                break
+            samples.append((time.monotonic(), stats))
             time.sleep(0.5)
         out, err = process.communicate()
         done = subprocess.CompletedProcess(command, process.returncode, out, err)
@@ -239,10 +270,12 @@ def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int
     responses = stats["responses_completed"]
     mean_tokens = stats["completion_tokens"] / max(1, stats["requests_billed"])
     ideal = args.in_flight * mean_tokens / (args.latency_s + mean_tokens / args.tokens_per_s)
-    rate = steady_rate(samples, args.in_flight, args.requests)
+    window = steady_window(samples, args.in_flight, args.requests)
+    rate = steady_rate(window)
     events = stats["completion_tokens"] / per_event if stream else None
+    steady = steady_cpu(window, per_event if stream else None)
     return {
-        "client": f"{client} ({args.previous_tree.name})" if client == PREVIOUS else client,
+        "client": f"{client} ({tree.name})" if tree is not None else client,
         "mode": f"stream, {per_event}/event" if stream else "not streamed",
         "responses": responses,
         "tok_s": rate,
@@ -252,6 +285,8 @@ def run_case(args: argparse.Namespace, client: str, stream: bool, per_event: int
         # Everything the client spent, per SSE event (its per-response work included): an upper bound.
         "client_cpu_us_per_event": measured["cpu_s"] / events * 1e6 if events else None,
         "events_per_response": events / responses if events else None,
+        # The same over the steady window only (no start-up, no drain): ms per answer or us per event.
+        "steady_client_cpu": steady * (1e6 if stream else 1e3) if steady is not None else None,
         "client_cores": measured["cpu_s"] / measured["wall_s"],
         "peak_rss_mb": measured["peak_rss_mb"],
         "emulator_cpu_ms_per_response": measured["emulator_cpu_s"] / responses * 1000,
@@ -276,16 +311,21 @@ def add_streaming_cost(rows: list[dict[str, Any]]) -> None:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| client | mode | responses | tok/s | of ideal | client CPU ms/resp | client CPU us/event | "
-        "of which streaming us/event | client cores | peak RSS MB | emulator CPU ms/resp |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "of which streaming us/event | steady: ms/resp or us/event | client cores | peak RSS MB | "
+        "emulator CPU ms/resp |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         per_event = f"{r['client_cpu_us_per_event']:.0f}" if r["client_cpu_us_per_event"] else "-"
         streaming = r.get("streaming_cpu_us_per_event")
+        steady = r["steady_client_cpu"]
+        steady_text = (
+            "-" if steady is None else f"{steady:.0f}" if r["events_per_response"] else f"{steady:.2f}"
+        )
         lines.append(
             f"| {r['client']} | {r['mode']} | {r['responses']} | {r['tok_s']:,.0f} | {r['of_ideal']:.0%} | "
             f"{r['client_cpu_ms_per_response']:.2f} | {per_event} | "
-            f"{'-' if streaming is None else f'{streaming:.0f}'} | {r['client_cores']:.2f} | "
+            f"{'-' if streaming is None else f'{streaming:.0f}'} | {steady_text} | {r['client_cores']:.2f} | "
             f"{r['peak_rss_mb']:.0f} | {r['emulator_cpu_ms_per_response']:.2f} |"
         )
     return "\n".join(lines)
@@ -301,7 +341,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=600)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--seeds", action="store_true", help="the seeds' shape, comparison rows only")
-    parser.add_argument("--previous-tree", type=Path, help="another checkout whose client gets rows too")
+    parser.add_argument(
+        "--previous-tree",
+        type=Path,
+        action="append",
+        default=[],
+        help="another checkout whose client gets rows too (repeatable)",
+    )
     parser.add_argument("--client", choices=sorted({case[0] for case in CASES}), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
@@ -313,11 +359,11 @@ def main() -> None:
         client_process(args)
         return
     cases = SEEDS_CASES if args.seeds else CASES
-    if args.previous_tree:
-        cases = [*cases[:2], (PREVIOUS, True, 1), (PREVIOUS, False, 1), *cases[2:]]
+    previous = [(tree, PREVIOUS, stream, 1) for tree in args.previous_tree for stream in (True, False)]
+    cases = [*[(None, *case) for case in cases[:2]], *previous, *[(None, *case) for case in cases[2:]]]
     rows = []
-    for client, stream, per_event in cases:
-        rows.append(run_case(args, client, stream, per_event))
+    for tree, client, stream, per_event in cases:
+        rows.append(run_case(args, client, stream, per_event, tree))
         print(f"done: {client}, {rows[-1]['mode']}", file=sys.stderr, flush=True)
     print(
         f"{args.in_flight} in flight, {args.requests} requests, {args.tokens_per_s:g} tok/s per request, "
