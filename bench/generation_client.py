@@ -10,10 +10,11 @@ the rate is measured from the emulator's token counter between the first half-po
 last prompt sent (the ramp and the heavy-tailed drain excluded). Client CPU counts from after the client's
 imports (start-up is once per job). "of which streaming" is a streamed row's CPU per response less its
 client's not-streamed row's, per event: what streaming itself costs, the per-answer work taken out.
-"steady" is the client's CPU (read from /proc as the emulator's counters are) over the same window as
-the rate, per answer (not streamed) or per event (streamed, its answers' work included): what a long run
-pays, without the job's start-up and end (about 0.1 s of CPU, a fifth of a millisecond per answer at
-450 answers, which the totals spread over the answers).
+"steady client CPU" (not-streamed rows) is the client's CPU per answer (read from /proc as the emulator's
+counters are) over the same window as the rate: what a long run pays per answer, without the job's
+start-up and end (about 0.1 s of CPU, which the totals spread over the answers: a fifth of a millisecond
+each at 450 answers). A streamed row has none (`steady_cpu_per_answer` says why); its total per event
+carries the start-up spread over some 270k events, under 0.5 us each.
 
     python bench/generation_client.py                      # the full table
     python bench/generation_client.py --in-flight 50 --requests 200 --tokens-per-s 100   # a smoke run
@@ -188,18 +189,16 @@ def steady_rate(window: list[tuple[float, dict[str, Any]]]) -> float:
     return (last["completion_tokens"] - first["completion_tokens"]) / (end - start)
 
 
-def steady_cpu(window: list[tuple[float, dict[str, Any]]], per_event: int | None) -> float | None:
-    """The client's CPU seconds per answer (`per_event` None) or per SSE event over the steady window:
-    what a long run pays per answer, without the once-per-job start-up and end that the totals include."""
+def steady_cpu_per_answer(window: list[tuple[float, dict[str, Any]]]) -> float | None:
+    """The client's CPU seconds per answer over the steady window: what a long run pays per answer, without
+    the once-per-job start-up and end that the totals spread over the answers. Not for streams: the
+    emulator counts an answer's tokens when it ends, so a window cannot tell which of a stream's events
+    (and their CPU) fell inside it."""
     if len(window) < 2:
         return None
     first, last = window[0][1], window[-1][1]
-    cpu = last["client_cpu_s"] - first["client_cpu_s"]
-    if per_event is None:
-        answers = last["responses_completed"] - first["responses_completed"]
-        return cpu / answers if answers else None
-    events = (last["completion_tokens"] - first["completion_tokens"]) / per_event
-    return cpu / events if events else None
+    answers = last["responses_completed"] - first["responses_completed"]
+    return (last["client_cpu_s"] - first["client_cpu_s"]) / answers if answers else None
 
 
 def process_cpu_s(pid: int) -> float:
@@ -273,7 +272,7 @@ def run_case(
     window = steady_window(samples, args.in_flight, args.requests)
     rate = steady_rate(window)
     events = stats["completion_tokens"] / per_event if stream else None
-    steady = steady_cpu(window, per_event if stream else None)
+    steady = None if stream else steady_cpu_per_answer(window)
     return {
         "client": f"{client} ({tree.name})" if tree is not None else client,
         "mode": f"stream, {per_event}/event" if stream else "not streamed",
@@ -285,8 +284,8 @@ def run_case(
         # Everything the client spent, per SSE event (its per-response work included): an upper bound.
         "client_cpu_us_per_event": measured["cpu_s"] / events * 1e6 if events else None,
         "events_per_response": events / responses if events else None,
-        # The same over the steady window only (no start-up, no drain): ms per answer or us per event.
-        "steady_client_cpu": steady * (1e6 if stream else 1e3) if steady is not None else None,
+        # Not streamed: the same over the steady window only (no start-up, no drain).
+        "steady_client_cpu_ms_per_response": steady * 1e3 if steady is not None else None,
         "client_cores": measured["cpu_s"] / measured["wall_s"],
         "peak_rss_mb": measured["peak_rss_mb"],
         "emulator_cpu_ms_per_response": measured["emulator_cpu_s"] / responses * 1000,
@@ -311,17 +310,15 @@ def add_streaming_cost(rows: list[dict[str, Any]]) -> None:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| client | mode | responses | tok/s | of ideal | client CPU ms/resp | client CPU us/event | "
-        "of which streaming us/event | steady: ms/resp or us/event | client cores | peak RSS MB | "
+        "of which streaming us/event | steady client CPU ms/resp | client cores | peak RSS MB | "
         "emulator CPU ms/resp |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         per_event = f"{r['client_cpu_us_per_event']:.0f}" if r["client_cpu_us_per_event"] else "-"
         streaming = r.get("streaming_cpu_us_per_event")
-        steady = r["steady_client_cpu"]
-        steady_text = (
-            "-" if steady is None else f"{steady:.0f}" if r["events_per_response"] else f"{steady:.2f}"
-        )
+        steady = r["steady_client_cpu_ms_per_response"]
+        steady_text = "-" if steady is None else f"{steady:.2f}"
         lines.append(
             f"| {r['client']} | {r['mode']} | {r['responses']} | {r['tok_s']:,.0f} | {r['of_ideal']:.0%} | "
             f"{r['client_cpu_ms_per_response']:.2f} | {per_event} | "

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from eaglepipe.openrouter.answer_transport import BATCH_BYTES, answer_transport
+from eaglepipe.openrouter.answer_transport import BATCH_BYTES, ChatRoute, answer_transport
 from eaglepipe.openrouter.replies import RequestFailed, _EventReader, read_reply, read_streamed_reply
 
 SECRET = "sk-or-v1-TESTSECRET0123456789"
@@ -415,6 +415,57 @@ def test_a_proxy_from_the_environment_leaves_streams_to_httpx(monkeypatch: pytes
     assert answer_transport("https://localhost:8000/api/v1", tls, 4) is not None
     monkeypatch.delenv("HTTPS_PROXY")
     assert answer_transport("https://openrouter.ai/api/v1", tls, 4) is not None
+
+
+PLAIN_ANSWER = json.dumps(
+    {
+        "id": "gen-r",
+        "provider": "Fake",
+        "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "cost": 0.001},
+    }
+).encode()
+PLAIN_RESPONSE = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-generation-id: gen-r\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(PLAIN_ANSWER), PLAIN_ANSWER)
+)
+
+
+def test_a_chat_route_sends_what_httpx_s_client_would() -> None:
+    """Past httpx's client layer, the same request goes out: the client's headers (the key's included),
+    the route's extra ones, the same JSON body; without the transport (a proxy) the client sends it."""
+
+    async def main() -> tuple[list[dict[str, Any]], RawServer, RawServer]:
+        server, through_client = RawServer([whole(PLAIN_RESPONSE)] * 4), RawServer([whole(PLAIN_RESPONSE)])
+        replies = []
+        async with server as url:
+            transport = answer_transport(url, ssl.create_default_context(), 4)
+            assert transport is not None
+            headers = {"Authorization": f"Bearer {SECRET}"}
+            async with httpx.AsyncClient(base_url=url, transport=transport, headers=headers) as http:
+                route = ChatRoute(http, transport)
+                replies.append(await read_reply(http, {"model": "m"}))
+                replies.append(await read_reply(route, {"model": "m"}))
+                with pytest.raises(RequestFailed):  # the plain JSON is not an event stream
+                    await read_streamed_reply(http, {"stream": True})
+                with pytest.raises(RequestFailed):
+                    await read_streamed_reply(route, {"stream": True})
+        async with through_client as url, httpx.AsyncClient(base_url=url, headers=headers) as http:
+            replies.append(await read_reply(ChatRoute(http, None), {"model": "m"}))
+        return replies, server, through_client
+
+    replies, server, through_client = asyncio.run(main())
+    assert [reply["generation_id"] for reply in replies] == ["gen-r"] * 3
+    client_plain, route_plain, client_stream, route_stream = server.heads
+    assert route_plain == client_plain and route_stream == client_stream
+    assert b"accept: text/event-stream" in route_stream.lower() and SECRET.encode() in route_plain
+    (proxied,) = through_client.heads
+    assert header_lines(proxied) == header_lines(client_plain)
+
+
+def header_lines(head: bytes) -> list[bytes]:
+    """The request line and headers, in lower case, in order, without Host (the servers' ports differ)."""
+    return [line.lower() for line in head.split(b"\r\n") if not line.lower().startswith(b"host:")]
 
 
 def test_a_plain_answer_is_read_whole_in_pieces_and_its_connection_reused() -> None:

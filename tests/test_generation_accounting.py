@@ -153,6 +153,29 @@ def test_answers_without_a_cost_are_priced_by_generation_through_its_errors(
     }
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_bills_written_behind_and_lost_in_a_kill_are_charged_from_the_journal(
+    tmp_path: Path, stream: bool
+) -> None:
+    """A kept answer's bill is written behind its journal record, not waited for: a kill between the two
+    leaves a journaled answer the ledger never billed (its `started` line, where it has one, unresolved).
+    The next start charges it from the journal record, once, and buys nothing again."""
+    with emulator(tmp_path / "emulator", []) as url:
+        first = generate(url, tmp_path, stream=stream)
+        assert first.done == len(PROMPTS)
+        ledger_file = tmp_path / "ledger" / "ledger.jsonl"
+        lines = ledger_file.read_text().splitlines(keepends=True)
+        billed = [line for line in lines if '"event":"billed"' in line]
+        assert len(billed) == len(PROMPTS)
+        ledger_file.write_text("".join(line for line in lines if line not in billed[3:]))  # lost in a kill
+        bought = stats(url)["requests_received"]
+        second = generate(url, tmp_path, stream=stream)
+        assert stats(url)["requests_received"] == bought  # nothing bought again
+        assert_ledger_equals_charges(url, tmp_path)
+    assert second.resumed == len(PROMPTS) and second.unresolved == 0 and second.recovered == 0
+    assert read_ledger(tmp_path / "ledger").by_outcome == {"kept": len(PROMPTS)}
+
+
 DELAY_S = 4.0
 
 

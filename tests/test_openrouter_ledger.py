@@ -15,6 +15,7 @@ import pytest
 from eaglepipe.openrouter.appendlog import AppendLog, read_lines
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS, SAFETY_SIGMAS, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
+from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.ledger import HEARTBEAT_STALE_S, Heartbeat, LedgerView, RunLedger, ledger_path
 
 
@@ -40,6 +41,40 @@ def test_processes_appending_at_once_never_interleave(tmp_path: Path) -> None:
     assert len(records) == 900
     for name in "abc":
         assert sorted(r["n"] for r in records if r["writer"] == name) == list(range(300))
+
+
+def test_lines_written_behind_keep_their_order_and_are_on_disk_by_the_next_append(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+
+    async def write() -> None:
+        async with AppendLog(path) as log:
+            await log.append({"n": 0})
+            log.append_behind({"n": 1})
+            log.append_behind({"n": 2})
+            await log.append({"n": 3})
+            assert [record["n"] for record in read_lines(path)] == [0, 1, 2, 3]
+            log.append_behind({"n": 4})
+
+    anyio.run(write)
+    assert [record["n"] for record in read_lines(path)] == [0, 1, 2, 3, 4]  # the close writes the last
+
+
+def test_a_failed_write_fails_the_waiting_append_with_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    async def write() -> None:
+        async with AppendLog(tmp_path / "log.jsonl") as log:
+            monkeypatch.setattr(os, "fsync", full)
+            with pytest.raises(
+                OpenRouterError, match=r"log.jsonl \(No space left on device\): free disk space"
+            ):
+                await log.append({"n": 0})
+            monkeypatch.undo()
+
+    anyio.run(write)
 
 
 def test_view_reads_each_line_once_and_tracks_unresolved(tmp_path: Path) -> None:
