@@ -69,8 +69,8 @@ class AppendLog:
     """Use as `async with AppendLog(path) as log: await log.append(record)`.
 
     One writer thread per log does the writes and fsyncs, so the event loop never waits on the disk and
-    a hand-off costs a queue put and one wake-up (anyio's worker threads cost twice that in this client's
-    profile). A line is handed over before `append` first waits: a cancelled caller stops waiting, the
+    a hand-off costs a queue put and one wake-up (a hand-off to anyio's worker threads measured half again
+    as much). A line is handed over before `append` first waits: a cancelled caller stops waiting, the
     line is still written whole, in order, and on disk when the log closes."""
 
     def __init__(self, path: Path, *, shared: bool = False) -> None:
