@@ -76,24 +76,25 @@ class ChatRoute:
     """`POST chat/completions` of one httpx client, handed straight to its `AnswerTransport`, past httpx's
     client layer (URL and header merging, the auth and redirect flows, cookie extraction on every
     response: about 0.15 ms of CPU per request, as much as the transport's own work on a plain answer).
-    Without such a transport (a proxy) the client does everything. It offers httpx's `stream` for that
-    one route, so the readers take a route or a client alike; the client stays `http`, for the rest."""
+    Without such a transport (a proxy) the client does everything. It offers httpx's `stream`, so the
+    readers take a route or a client alike (the transport itself sends other routes on through httpx's);
+    the client stays `http`, for the rest."""
 
     def __init__(self, http: httpx.AsyncClient, transport: AnswerTransport | None) -> None:
         self.http = http
         self._transport = transport
         self._timeout = http.timeout.as_dict()
-        self._templates: dict[tuple[tuple[str, str], ...], httpx.Request] = {}
+        self._templates: dict[tuple[str, str, tuple[tuple[str, str], ...]], httpx.Request] = {}
 
     @contextlib.asynccontextmanager
     async def stream(
         self, method: str, url: str, *, json: Any, headers: Mapping[str, str] | None = None
     ) -> AsyncIterator[httpx.Response]:
-        if self._transport is None or method != "POST" or url != ROUTE.lstrip("/"):
+        if self._transport is None:
             async with self.http.stream(method, url, json=json, headers=headers) as response:
                 yield response
             return
-        template = self._template(headers)
+        template = self._template(method, url, headers)
         request = httpx.Request(
             method, template.url, headers=template.headers, json=json, extensions={"timeout": self._timeout}
         )
@@ -103,12 +104,12 @@ class ChatRoute:
         finally:
             await response.aclose()
 
-    def _template(self, headers: Mapping[str, str] | None) -> httpx.Request:
-        """The URL and headers httpx's client would send, merged once per set of extra headers."""
-        key = tuple(headers.items()) if headers else ()
+    def _template(self, method: str, url: str, headers: Mapping[str, str] | None) -> httpx.Request:
+        """The URL and headers httpx's client would send, merged once per request shape."""
+        key = (method, url, tuple(headers.items()) if headers else ())
         template = self._templates.get(key)
         if template is None:
-            template = self.http.build_request("POST", ROUTE.lstrip("/"), headers=headers)
+            template = self.http.build_request(method, url, headers=headers)
             for name in ("content-length", "transfer-encoding", "content-type"):
                 template.headers.pop(name, None)
             self._templates[key] = template

@@ -11,6 +11,7 @@ off.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import logging
@@ -105,10 +106,7 @@ class AppendLog:
 
     async def append(self, record: dict[str, Any]) -> None:
         """Returns once the record is on disk: only then may what it records count as done."""
-        assert self._loop is not None
-        written = self._loop.create_future()
-        self._queue.put((_line(record), written))
-        await written
+        await self._written(_line(record))
 
     def append_behind(self, record: dict[str, Any]) -> None:
         """Written in order after what was handed over before, without waiting, and fsynced with the next
@@ -118,32 +116,31 @@ class AppendLog:
 
     async def flush(self) -> None:
         """Until every line handed over before is on disk."""
+        await self._written(b"")
+
+    async def _written(self, line: bytes) -> None:
         assert self._loop is not None
         written = self._loop.create_future()
-        self._queue.put((b"", written))
+        self._queue.put((line, written))
         await written
 
     def _write_forever(self) -> None:
         """Writes what waits in the queue in one write (group commit), fsynced when any of it waits for
-        that; a write error fails the waiting appends and is logged for lines nobody waits on."""
-        unsynced = False
-        while True:
-            item = self._queue.get()
-            closing = item is None
-            batch = [] if closing else [item]
-            while not closing:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                closing = item is None
-                if not closing:
-                    batch.append(item)
-            waiting = [written for _, written in batch if written is not None]
+        that; a write error fails the waiting appends and is logged for lines nobody waits on. The close's
+        `None` is the last item ever queued."""
+        unsynced = closing = False
+        while not closing:
+            batch = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    batch.append(self._queue.get_nowait())
+            closing = batch[-1] is None
+            lines = [item for item in batch if item is not None]
+            waiting = [written for _, written in lines if written is not None]
             error = None
             try:
-                if batch:
-                    self._write(b"".join(line for line, _ in batch))
+                if lines:
+                    self._write(b"".join(line for line, _ in lines))
                     unsynced = True
                 if unsynced and (waiting or closing):
                     os.fsync(self._file.fileno())
@@ -153,8 +150,6 @@ class AppendLog:
                 log.error("cannot write %s (%s)", self.path, failure.strerror)
             if waiting:
                 self._loop.call_soon_threadsafe(self._settle, waiting, error)  # type: ignore[union-attr]
-            if closing:
-                return
 
     def _settle(self, waiting: list[asyncio.Future[None]], error: OSError | None) -> None:
         for written in waiting:
