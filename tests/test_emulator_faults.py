@@ -81,6 +81,8 @@ def plain_outcome(http: httpx.Client) -> tuple[str, dict | None]:
     validate("chat_result", answer)
     if answer["provider"] != "Chutes":
         return "wrong_provider", answer
+    # Only its wait marks a stalled plain answer, and a loaded machine can slow any answer as much:
+    # "stall" here is an upper bound on the stalls this request met.
     return ("stall" if elapsed_s >= STALL_S else "none"), answer
 
 
@@ -110,8 +112,8 @@ def streamed_outcome(http: httpx.Client) -> tuple[str, dict | None]:
     usage_chunk = chunks[-1]
     if usage_chunk["provider"] != "Chutes":
         return "wrong_provider", usage_chunk
-    stalled = elapsed_s >= STALL_S
-    assert stalled == (len(comments) > 1)  # a stalled stream keeps the connection alive with comments
+    stalled = len(comments) > 1  # a stalled stream keeps the connection alive with comments
+    assert elapsed_s >= STALL_S or not stalled
     return ("stall" if stalled else "none"), usage_chunk
 
 
@@ -130,8 +132,9 @@ def test_every_fault_kind_reaches_a_raw_client_and_is_counted(faulty: tuple[str,
     assert set(seen_streamed) == kinds | {"none", "midstream_error"}
     seen, faults = seen_plain + seen_streamed, stats["faults"]
     assert faults["status"] == seen["status 429"] + seen["status 502"]
-    for kind in ("empty_choices", "reset", "stall", "wrong_provider"):
+    for kind in ("empty_choices", "reset", "wrong_provider"):
         assert faults[kind] == seen[kind], kind
+    assert seen_streamed["stall"] < faults["stall"] <= seen["stall"]  # the rest stalled plain requests
     assert (
         faults["error_in_200"] + faults["midstream_error"] == seen["error_in_200"] + seen["midstream_error"]
     )
