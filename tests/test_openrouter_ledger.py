@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import random
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import anyio
 import pytest
 
+from eaglepipe.openrouter import budget
 from eaglepipe.openrouter.appendlog import AppendLog, read_lines
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS, SAFETY_SIGMAS, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
@@ -92,6 +95,8 @@ def test_view_reads_each_line_once_and_tracks_unresolved(tmp_path: Path) -> None
     view = LedgerView(ledger_path(tmp_path)).refresh()
     assert view.usd == 0.75 and view.by_outcome == {"kept": 1, "discarded": 1}
     assert [r["prompt_id"] for r in view.unresolved_of("A")] == ["p2"] and view.unresolved_of("B") == []
+    assert view.unresolved_count_of("A", excluding=set()) == 1
+    assert view.unresolved_count_of("A", excluding={"g2", "g9"}) == view.unresolved_count_of("B", set()) == 0
     with open(ledger_path(tmp_path), "a") as handle:  # a writer killed mid-line
         handle.write('{"event": "billed", "usd": 100')
     assert view.refresh().usd == 0.75
@@ -163,6 +168,49 @@ def test_forecast_beyond_a_bound_follows_the_observed_tail() -> None:
     assert forecast.beyond(50).variance == pytest.approx(200**2)
     assert forecast.beyond(200).mean == pytest.approx(500) and forecast.beyond(200).variance == 0
     assert forecast.beyond(600).mean == 1000
+
+
+def kaplan_meier(events: list[float], censored: list[float], cap: float) -> dict[float, float]:
+    """The estimator from its definition, one point at a time: {value: mass}, the rest at `cap`."""
+    survival, masses = 1.0, {}
+    for value in sorted(set(events)):
+        at_risk = sum(point >= value for point in events + censored)
+        drop = survival * events.count(value) / at_risk
+        masses[value] = drop
+        survival -= drop
+    masses[cap] = masses.get(cap, 0.0) + survival
+    return masses
+
+
+def test_forecast_matches_kaplan_meier_with_ties_and_censored_points_on_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = 1000.0
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: now))
+    rng = random.Random(7)
+    forecast = Forecast(max_tokens=400, upper_bound_usd=0.01)
+    events = [float(rng.choice([0, 20, 50, 50, 90, 130, 200, 200, 200, 310, 400])) for _ in range(60)]
+    for length in events:
+        forecast.observe(int(length), 0.0, length / 10)  # 10 tokens a second, no first-token wait
+    # In flight 2.5 s: about 25 tokens so far. Ties that float rounding keeps exact: a request just sent
+    # is censored at 0, on the empty answers; those past 40 s at the cap, on the answers cut there.
+    elapsed = [rng.choice([0.0, 2.5, 5.5, 9.5, 13.5, 20.5, 35.5, 45.0, 60.0]) for _ in range(40)]
+    for number, seconds in enumerate(elapsed):
+        forecast.admit(str(number))
+        forecast.flights[str(number)].started = now - seconds
+    forecast.refresh()
+
+    censored = [min(seconds * 10, 400) for seconds in elapsed]
+    masses = kaplan_meier(events, censored, cap=400.0)
+
+    def beyond(bound: float) -> float:
+        tail = {value: mass for value, mass in masses.items() if value > bound}
+        return max(bound, sum(v * m for v, m in tail.items()) / sum(tail.values())) if tail else 400.0
+
+    assert forecast.mean_tokens == pytest.approx(sum(v * m for v, m in masses.items()), rel=1e-6)
+    for bound in (0.0, 50.0, 75.0, 200.0, 399.0):
+        assert forecast.beyond(bound).mean == pytest.approx(beyond(bound), rel=1e-6), bound
+    assert forecast.in_flight_tokens == pytest.approx(sum(beyond(c) for c in censored), rel=1e-6)
 
 
 def test_adaptive_limit_cuts_under_a_429_storm_and_recovers_after() -> None:

@@ -15,14 +15,18 @@ Until `MIN_OBSERVATIONS` answers have finished, every request counts as the stat
 (`max_tokens`, or the dearest kept endpoint's price at `max_tokens`), so an early burst of admissions
 cannot overrun a small budget. The forecast is recomputed at most every `REFIT_EVERY_S` while admissions
 are being decided; in between, an admission adds the mean and a finished request takes back its forecast.
+A refit costs O(distinct lengths + requests in flight) in numpy, not O(answers so far) in Python: at the
+seeds' scale (thousands of answers, 2000 in flight, five refits a second) a refit over every answer cost
+more CPU than the answers themselves (bench/forecast_refit.py).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 MIN_OBSERVATIONS = 20
 REFIT_EVERY_S = 0.25
@@ -49,30 +53,34 @@ class Forecast:
     def __init__(self, max_tokens: int, upper_bound_usd: float) -> None:
         self.max_tokens = max_tokens
         self.upper_bound_usd = upper_bound_usd
-        self.lengths: list[int] = []
-        self.timings: list[tuple[int, float]] = []
+        self.observed = 0
         self.total_tokens = 0
         self.total_usd = 0.0
+        self._length_counts = np.zeros(max_tokens + 1)  # finished answers by length, grown past the cap
+        self._timing = _TimingSums()
         self.flights: dict[str, _Flight] = {}
         self.in_flight_tokens = 0.0
         self.in_flight_variance = 0.0
-        self._values: list[float] = []
-        self._suffix: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)]  # mass, sum v, sum v^2 from i on
+        self._values = np.empty(0)  # the fitted distribution's support, ascending
+        self._suffix = np.zeros((1, 3))  # mass, sum v, sum v^2 from position i on
         self._fresh = _Conditional(float(max_tokens), 0.0)
         self._fitted_at = float("-inf")
 
     # --- observations ----------------------------------------------------------------------------
 
     def observe(self, tokens: int, usd: float, seconds: float | None) -> None:
-        self.lengths.append(tokens)
+        if tokens >= len(self._length_counts):
+            self._length_counts = np.concatenate((self._length_counts, np.zeros(tokens + 1)))
+        self._length_counts[max(tokens, 0)] += 1
+        self.observed += 1
         self.total_tokens += tokens
         self.total_usd += usd
         if seconds and seconds > 0:
-            self.timings.append((tokens, seconds))
+            self._timing.add(tokens, seconds)
 
     @property
     def known(self) -> bool:
-        return len(self.lengths) >= MIN_OBSERVATIONS and self.total_tokens > 0
+        return self.observed >= MIN_OBSERVATIONS and self.total_tokens > 0
 
     # --- requests in flight ----------------------------------------------------------------------
 
@@ -95,22 +103,20 @@ class Forecast:
         if now - self._fitted_at < max_age_s:
             return
         self._fitted_at = now
-        bounds = dict.fromkeys(self.flights, 0.0)
+        flights = list(self.flights.values())
+        bounds = np.zeros(len(flights))
         if self.known:
-            first_token_s, seconds_per_token = _timing_fit(self.timings)
+            first_token_s, seconds_per_token = self._timing.fit()
             if seconds_per_token > 0:
-                bounds = {
-                    key: min(max(now - f.started - first_token_s, 0.0) / seconds_per_token, self.max_tokens)
-                    for key, f in self.flights.items()
-                }
-            self._fit(list(bounds.values()))
-        tokens = variance = 0.0
-        for key, flight in self.flights.items():
-            conditional = self.beyond(bounds[key])
-            flight.tokens, flight.variance = conditional.mean, conditional.variance
-            tokens += conditional.mean
-            variance += conditional.variance
-        self.in_flight_tokens, self.in_flight_variance = tokens, variance
+                started = np.fromiter((flight.started for flight in flights), float, len(flights))
+                bounds = np.minimum(
+                    np.maximum(now - started - first_token_s, 0.0) / seconds_per_token, self.max_tokens
+                )
+            self._fit(bounds)
+        means, variances = self._beyond_all(bounds)
+        for flight, mean, variance in zip(flights, means.tolist(), variances.tolist(), strict=True):
+            flight.tokens, flight.variance = mean, variance
+        self.in_flight_tokens, self.in_flight_variance = float(means.sum()), float(variances.sum())
 
     # --- forecasts -------------------------------------------------------------------------------
 
@@ -146,59 +152,71 @@ class Forecast:
 
     def beyond(self, lower_bound: float) -> _Conditional:
         """X given X > lower_bound under the fitted distribution (the upper bound before any fit)."""
-        if not self._values:
-            return _Conditional(float(self.max_tokens), 0.0)
-        mass, first, second = self._suffix[bisect.bisect_right(self._values, lower_bound)]
-        if mass <= 0:
-            return _Conditional(max(lower_bound, float(self.max_tokens)), 0.0)
-        mean = first / mass
-        return _Conditional(max(lower_bound, mean), max(second / mass - mean * mean, 0.0))
+        means, variances = self._beyond_all(np.array([lower_bound]))
+        return _Conditional(float(means[0]), float(variances[0]))
 
-    def _fit(self, censored: list[float]) -> None:
+    def _beyond_all(self, lower_bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`beyond` for many bounds at once: (means, variances)."""
+        if not len(self._values):
+            return np.full(len(lower_bounds), float(self.max_tokens)), np.zeros(len(lower_bounds))
+        mass, first, second = self._suffix[np.searchsorted(self._values, lower_bounds, side="right")].T
+        reached = mass > 0
+        safe_mass = np.where(reached, mass, 1.0)
+        mean = first / safe_mass
+        means = np.maximum(lower_bounds, np.where(reached, mean, float(self.max_tokens)))
+        variances = np.where(reached, np.maximum(second / safe_mass - mean * mean, 0.0), 0.0)
+        return means, variances
+
+    def _fit(self, censored: np.ndarray) -> None:
         """Kaplan-Meier over finished lengths (events) and the in-flight bounds (censored); the mass left
-        after the last event goes to max_tokens."""
-        points = sorted([(float(v), True) for v in self.lengths] + [(c, False) for c in censored])
-        at_risk, survival = len(points), 1.0
-        values: list[float] = []
-        masses: list[float] = []
-        index = 0
-        while index < len(points):
-            value, events, leaving = points[index][0], 0, 0
-            while index < len(points) and points[index][0] == value:
-                events += points[index][1]
-                leaving += 1
-                index += 1
-            if events:
-                drop = survival * events / at_risk
-                values.append(value)
-                masses.append(drop)
-                survival -= drop
-            at_risk -= leaving
+        after the last event goes to max_tokens. At each event value v, the points at risk are those at
+        or above v, censored ones included."""
+        lengths = np.flatnonzero(self._length_counts)
+        values, events = lengths.astype(float), self._length_counts[lengths]
+        events_at_or_above = np.cumsum(events[::-1])[::-1]
+        censored_at_or_above = len(censored) - np.searchsorted(np.sort(censored), values, side="left")
+        at_risk = events_at_or_above + censored_at_or_above
+        survival_after = np.cumprod(1.0 - events / at_risk)
+        survival_before = np.concatenate(([1.0], survival_after[:-1]))
+        masses = survival_before * events / at_risk
+        survival = float(survival_after[-1]) if len(values) else 1.0
         if survival > 1e-12:
-            if values and values[-1] == self.max_tokens:
+            if len(values) and values[-1] == self.max_tokens:
                 masses[-1] += survival
             else:
-                values.append(float(self.max_tokens))
-                masses.append(survival)
-        suffix = [(0.0, 0.0, 0.0)] * (len(values) + 1)
-        for position in range(len(values) - 1, -1, -1):
-            mass, first, second = suffix[position + 1]
-            weight, value = masses[position], values[position]
-            suffix[position] = (mass + weight, first + weight * value, second + weight * value * value)
+                values = np.append(values, float(self.max_tokens))
+                masses = np.append(masses, survival)
+        moments = np.stack((masses, masses * values, masses * values * values), axis=1)
+        suffix = np.zeros((len(values) + 1, 3))
+        suffix[:-1] = np.cumsum(moments[::-1], axis=0)[::-1]
         self._values, self._suffix = values, suffix
         self._fresh = self.beyond(float("-inf"))
 
 
-def _timing_fit(timings: list[tuple[int, float]]) -> tuple[float, float]:
-    """(first-token seconds, seconds per token) by least squares; (0, 0) when lengths do not vary."""
-    if len(timings) < 2:
-        return 0.0, 0.0
-    mean_tokens = sum(t for t, _ in timings) / len(timings)
-    mean_seconds = sum(s for _, s in timings) / len(timings)
-    variance = sum((t - mean_tokens) ** 2 for t, _ in timings)
-    if variance <= 0:
-        return 0.0, 0.0
-    slope = sum((t - mean_tokens) * (s - mean_seconds) for t, s in timings) / variance
-    if slope <= 0:
-        return 0.0, 0.0
-    return max(mean_seconds - slope * mean_tokens, 0.0), slope
+class _TimingSums:
+    """Running sums for the least-squares fit `seconds = first-token seconds + tokens * seconds per
+    token`, so a refit costs O(1) however many answers came before."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.tokens = self.seconds = self.tokens_squared = self.products = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.count += 1
+        self.tokens += tokens
+        self.seconds += seconds
+        self.tokens_squared += tokens * tokens
+        self.products += tokens * seconds
+
+    def fit(self) -> tuple[float, float]:
+        """(first-token seconds, seconds per token); (0, 0) when lengths do not vary."""
+        if self.count < 2:
+            return 0.0, 0.0
+        mean_tokens, mean_seconds = self.tokens / self.count, self.seconds / self.count
+        variance = self.tokens_squared - self.count * mean_tokens * mean_tokens
+        if variance <= 1e-9 * max(self.tokens_squared, 1.0):  # equal lengths, up to rounding
+            return 0.0, 0.0
+        slope = (self.products - self.count * mean_tokens * mean_seconds) / variance
+        if slope <= 0:
+            return 0.0, 0.0
+        return max(mean_seconds - slope * mean_tokens, 0.0), slope

@@ -526,8 +526,7 @@ class _Run:
         flight here), each at its worst case: nothing is counted at $0 without proof."""
         if self.ledger is None:
             return self.others.expected_usd_in_flight
-        unresolved = self.ledger.view.unresolved_of(self.dataset)
-        unpriced = sum(record["generation_id"] not in self.live_ids for record in unresolved)
+        unpriced = self.ledger.view.unresolved_count_of(self.dataset, self.live_ids)
         worst = self.settings.expected_request_usd or self.forecast.mean_usd
         return self.others.expected_usd_in_flight + unpriced * worst
 

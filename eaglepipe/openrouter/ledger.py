@@ -53,6 +53,8 @@ class LedgerView:
     by_outcome: dict[str, int] = field(default_factory=dict)
     unresolved: dict[str, dict[str, Any]] = field(default_factory=dict)
     resolved: set[str] = field(default_factory=set)
+    # `unresolved` by set, in ledger order: admissions count a set's without a pass over all of them.
+    unresolved_by_set: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def refresh(self) -> LedgerView:
         records, self.offset = read_new_lines(self.path, self.offset)
@@ -61,6 +63,7 @@ class LedgerView:
             if record.get("event") == "started":
                 if generation_id and generation_id not in self.resolved:
                     self.unresolved[generation_id] = record
+                    self.unresolved_by_set.setdefault(record.get("set", ""), {})[generation_id] = record
                 continue
             usd = float(record.get("usd") or 0.0)
             self.usd += usd
@@ -71,11 +74,18 @@ class LedgerView:
             self.by_outcome[outcome] = self.by_outcome.get(outcome, 0) + 1
             if generation_id:
                 self.resolved.add(generation_id)
-                self.unresolved.pop(generation_id, None)
+                started = self.unresolved.pop(generation_id, None)
+                if started is not None:
+                    del self.unresolved_by_set[started.get("set", "")][generation_id]
         return self
 
     def unresolved_of(self, dataset: str) -> list[dict[str, Any]]:
-        return [record for record in self.unresolved.values() if record.get("set") == dataset]
+        return list(self.unresolved_by_set.get(dataset, {}).values())
+
+    def unresolved_count_of(self, dataset: str, excluding: set[str]) -> int:
+        """How many of `dataset`'s unresolved requests are not in `excluding`, without a Python loop."""
+        ids = self.unresolved_by_set.get(dataset, {}).keys()
+        return len(ids) - len(ids & excluding)
 
 
 def read_ledger(ledger_dir: Path) -> LedgerView:
