@@ -48,6 +48,7 @@ import httpx
 from eaglepipe.emulator.runner import running_emulator
 
 MODEL = "moonshotai/kimi-k2.5"
+PRICE_PER_TOKEN_USD = 3e-6  # Kimi-K2.5's output price, about $3 per million tokens
 CASES = [  # (client, streamed, tokens per SSE event)
     ("eaglepipe", True, 1),
     ("eaglepipe", True, 8),
@@ -79,6 +80,10 @@ async def run_eaglepipe(url: str, count: int, in_flight: int, stream: bool, max_
         stream=stream,
         progress=False,
         recovery_wait_s=0.0,
+        # The real config's budgets (config.yaml): admissions then refit the forecast as a real run does.
+        output_token_budget=10_000_000,
+        usd_budget=100.0,
+        expected_request_usd=max_tokens * PRICE_PER_TOKEN_USD,
     )
     with tempfile.TemporaryDirectory() as scratch:
         results = Path(scratch) / "results"
