@@ -13,8 +13,11 @@ client's not-streamed row's, per event: what streaming itself costs, the per-ans
 "steady client CPU" (not-streamed rows) is the client's CPU per answer (read from /proc as the emulator's
 counters are) over the same window as the rate: what a long run pays per answer, without the job's
 start-up and end (about 0.1 s of CPU, which the totals spread over the answers: a fifth of a millisecond
-each at 450 answers). A streamed row has none (`steady_cpu_per_answer` says why); its total per event
-carries the start-up spread over some 270k events, under 0.5 us each.
+each at 450 answers). A streamed row has none from the emulator (`steady_cpu_per_answer` says why); its
+total per event carries the start-up spread over some 270k events, under 0.5 us each. From the replay
+server, which counts tokens as it sends them, a streamed row gets "steady client CPU us/event".
+The client runs with the real config's budgets (dollars and output tokens), so admissions refit the
+budget forecast as in a real run.
 
     python bench/generation_client.py                      # the full table
     python bench/generation_client.py --in-flight 50 --requests 200 --tokens-per-s 100   # a smoke run
@@ -26,12 +29,21 @@ carries the start-up spread over some 270k events, under 0.5 us each.
 token per event, so the per-event cost is what it measures; other options still override it) with only
 the rows that compare: this client streamed and not, the same client from `--previous-tree` (another
 checkout of the project, e.g. `git worktree add /tmp/ep-prev REV`) and AsyncOpenAI.
+
+`--seeds-full` runs the seeds' own shape (`SEEDS_FULL_SHAPE`: 2000 in flight, ~1,700-token answers at 15
+tok/s, one token per event: 30k events/s) from `bench/replay_server.py` (`--replay`), which replays the
+emulator's recorded answers for a quarter of a core instead of generating them; this client's rows only
+(`--previous-tree` adds others), about seven minutes a row (4000 requests: the steady window, from the
+1000th answer to the last prompt sent, needs more than one and a half pools of them):
+
+    python bench/generation_client.py --seeds-full --previous-tree /tmp/ep-prev
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import os
@@ -40,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +164,46 @@ SEEDS_SHAPE = {
 }
 
 
+# The seeds' own shape, served by bench/replay_server.py (which replays the emulator's answers instead of
+# generating them: about a core for 30k events/s): 2000 in flight, ~1,700-token answers at 15 tok/s, one
+# token per event. Only this client's rows (`--previous-tree` adds others): the baseline's 0.3-0.4 ms per
+# event would take a quarter of an hour to read what is sent in two minutes.
+SEEDS_FULL_SHAPE = {
+    "in_flight": 2000,
+    "requests": 4000,
+    "mean_tokens": 1700,
+    "tokens_per_s": 15.0,
+    "max_tokens": 3000,
+    "replay": True,
+}
+REPLAY_LENGTH_SIGMA = 0.5  # log-normal lengths around the mean, capped at max_tokens
+
+
+@contextlib.contextmanager
+def running_replay(server_args: list[str]) -> Iterator[str]:
+    """The base URL of a bench/replay_server.py process, stopped at the end of the block."""
+    with tempfile.TemporaryDirectory() as scratch:
+        port_file = Path(scratch) / "port"
+        command = [
+            sys.executable,
+            str(Path(__file__).with_name("replay_server.py")),
+            "--port-file",
+            str(port_file),
+        ]
+        log = Path(scratch) / "replay.log"
+        with open(log, "w") as log_file:
+            process = subprocess.Popen([*command, *server_args], stderr=log_file)
+        try:
+            while not port_file.exists() or not port_file.read_text():
+                if process.poll() is not None:
+                    raise SystemExit(f"replay server failed: {log.read_text().strip().splitlines()[-1:]}")
+                time.sleep(0.2)
+            yield f"http://127.0.0.1:{port_file.read_text()}/api/v1"
+        finally:
+            process.terminate()
+            process.wait()
+
+
 def client_process(args: argparse.Namespace) -> None:
     """One case's client: prints {wall_s, cpu_s, completion_tokens, peak_rss_mb} as JSON."""
     if args.client == "eaglepipe, one pool":  # the design it replaced: one httpx pool for every connection
@@ -206,6 +259,17 @@ def steady_cpu_per_answer(window: list[tuple[float, dict[str, Any]]]) -> float |
     return (last["client_cpu_s"] - first["client_cpu_s"]) / answers if answers else None
 
 
+def steady_cpu_per_event(window: list[tuple[float, dict[str, Any]]]) -> float | None:
+    """A streamed row's client CPU seconds per event (one token each) over the steady window, where the
+    server counts tokens as it sends them (the replay server; the emulator counts them at an answer's
+    end). Events sent but not yet read are few: the client reads each connection every half second."""
+    if len(window) < 2 or not window[0][1].get("counts_tokens_as_sent"):
+        return None
+    first, last = window[0][1], window[-1][1]
+    events = last["completion_tokens"] - first["completion_tokens"]
+    return (last["client_cpu_s"] - first["client_cpu_s"]) / events if events else None
+
+
 def process_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -230,9 +294,22 @@ def run_case(
         "--tokens-per-event",
         str(per_event),
     ]
-    with running_emulator(None, extra_args=emulator) as url:
+    replay = [
+        "--tokens-per-s",
+        str(args.tokens_per_s),
+        "--latency-s",
+        str(args.latency_s),
+        "--mean-tokens",
+        str(args.mean_tokens),
+        "--length-sigma",
+        str(REPLAY_LENGTH_SIGMA),
+        "--record-tokens",
+        str(args.max_tokens),
+    ]
+    server = running_replay(replay) if args.replay else running_emulator(None, extra_args=emulator)
+    with server as url:
         pid = httpx.get(f"{url}/emulator/stats").json()["pid"]
-        emulator_cpu = process_cpu_s(pid)
+        server_cpu = process_cpu_s(pid)
         env = dict(os.environ)
         if tree is not None:
             env["PYTHONPATH"] = str(tree)
@@ -270,7 +347,7 @@ def run_case(
             raise SystemExit(f"{client} failed: {done.stderr.strip().splitlines()[-1:]}")
         measured = json.loads(done.stdout.strip().splitlines()[-1])
         stats = httpx.get(f"{url}/emulator/stats").json()
-        measured["emulator_cpu_s"] = process_cpu_s(pid) - emulator_cpu
+        measured["server_cpu_s"] = process_cpu_s(pid) - server_cpu
     responses = stats["responses_completed"]
     mean_tokens = stats["completion_tokens"] / max(1, stats["requests_billed"])
     ideal = args.in_flight * mean_tokens / (args.latency_s + mean_tokens / args.tokens_per_s)
@@ -278,6 +355,7 @@ def run_case(
     rate = steady_rate(window)
     events = stats["completion_tokens"] / per_event if stream else None
     steady = None if stream else steady_cpu_per_answer(window)
+    steady_event = steady_cpu_per_event(window) if stream else None
     return {
         "client": f"{client} ({tree.name})" if tree is not None else client,
         "mode": f"stream, {per_event}/event" if stream else "not streamed",
@@ -291,9 +369,11 @@ def run_case(
         "events_per_response": events / responses if events else None,
         # Not streamed: the same over the steady window only (no start-up, no drain).
         "steady_client_cpu_ms_per_response": steady * 1e3 if steady is not None else None,
+        # Streamed, where the server counts tokens as sent: the client's CPU per event over that window.
+        "steady_client_cpu_us_per_event": steady_event * 1e6 if steady_event is not None else None,
         "client_cores": measured["cpu_s"] / measured["wall_s"],
         "peak_rss_mb": measured["peak_rss_mb"],
-        "emulator_cpu_ms_per_response": measured["emulator_cpu_s"] / responses * 1000,
+        "server_cpu_ms_per_response": measured["server_cpu_s"] / responses * 1000,
     }
 
 
@@ -315,20 +395,23 @@ def add_streaming_cost(rows: list[dict[str, Any]]) -> None:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| client | mode | responses | tok/s | of ideal | client CPU ms/resp | client CPU us/event | "
-        "of which streaming us/event | steady client CPU ms/resp | client cores | peak RSS MB | "
-        "emulator CPU ms/resp |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "of which streaming us/event | steady client CPU ms/resp | steady client CPU us/event | "
+        "client cores | peak RSS MB | server CPU ms/resp |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         per_event = f"{r['client_cpu_us_per_event']:.0f}" if r["client_cpu_us_per_event"] else "-"
         streaming = r.get("streaming_cpu_us_per_event")
         steady = r["steady_client_cpu_ms_per_response"]
         steady_text = "-" if steady is None else f"{steady:.2f}"
+        steady_event = r.get("steady_client_cpu_us_per_event")
+        steady_event_text = "-" if steady_event is None else f"{steady_event:.1f}"
         lines.append(
             f"| {r['client']} | {r['mode']} | {r['responses']} | {r['tok_s']:,.0f} | {r['of_ideal']:.0%} | "
             f"{r['client_cpu_ms_per_response']:.2f} | {per_event} | "
-            f"{'-' if streaming is None else f'{streaming:.0f}'} | {steady_text} | {r['client_cores']:.2f} | "
-            f"{r['peak_rss_mb']:.0f} | {r['emulator_cpu_ms_per_response']:.2f} |"
+            f"{'-' if streaming is None else f'{streaming:.0f}'} | {steady_text} | {steady_event_text} | "
+            f"{r['client_cores']:.2f} | "
+            f"{r['peak_rss_mb']:.0f} | {r['server_cpu_ms_per_response']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -344,6 +427,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--seeds", action="store_true", help="the seeds' shape, comparison rows only")
     parser.add_argument(
+        "--seeds-full", action="store_true", help="the seeds' own shape from the replay server, this client"
+    )
+    parser.add_argument("--replay", action="store_true", help="bench/replay_server.py, not the emulator")
+    parser.add_argument(
         "--previous-tree",
         type=Path,
         action="append",
@@ -357,12 +444,17 @@ def main() -> None:
     if args.seeds:  # the seeds' long answers at one token per event, scaled to what two cores serve
         parser.set_defaults(**SEEDS_SHAPE)
         args = parser.parse_args()
+    if args.seeds_full:
+        parser.set_defaults(**SEEDS_FULL_SHAPE)
+        args = parser.parse_args()
     if args.client:
         client_process(args)
         return
-    cases = SEEDS_CASES if args.seeds else CASES
+    cases = SEEDS_CASES[:2] if args.seeds_full else SEEDS_CASES if args.seeds else CASES
     previous = [(tree, PREVIOUS, stream, 1) for tree in args.previous_tree for stream in (True, False)]
     cases = [*[(None, *case) for case in cases[:2]], *previous, *[(None, *case) for case in cases[2:]]]
+    if args.replay:  # the replay server sends one token per event
+        cases = [case for case in cases if case[3] == 1]
     rows = []
     for tree, client, stream, per_event in cases:
         rows.append(run_case(args, client, stream, per_event, tree))
