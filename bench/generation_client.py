@@ -280,32 +280,10 @@ def run_case(
 ) -> dict[str, Any]:
     """One row. A previous tree's client runs with that checkout first on PYTHONPATH (the client process
     starts from bench/, so the working copy's package is not on its path)."""
-    emulator = [
-        "--model-id",
-        MODEL,
-        "--seed",
-        "1",
-        "--tokens-per-s",
-        str(args.tokens_per_s),
-        "--latency-s",
-        str(args.latency_s),
-        "--mean-tokens",
-        str(args.mean_tokens),
-        "--tokens-per-event",
-        str(per_event),
-    ]
-    replay = [
-        "--tokens-per-s",
-        str(args.tokens_per_s),
-        "--latency-s",
-        str(args.latency_s),
-        "--mean-tokens",
-        str(args.mean_tokens),
-        "--length-sigma",
-        str(REPLAY_LENGTH_SIGMA),
-        "--record-tokens",
-        str(args.max_tokens),
-    ]
+    pacing = ["--tokens-per-s", str(args.tokens_per_s), "--latency-s", str(args.latency_s)]
+    pacing += ["--mean-tokens", str(args.mean_tokens)]
+    emulator = ["--model-id", MODEL, "--seed", "1", *pacing, "--tokens-per-event", str(per_event)]
+    replay = [*pacing, "--length-sigma", str(REPLAY_LENGTH_SIGMA), "--record-tokens", str(args.max_tokens)]
     server = running_replay(replay) if args.replay else running_emulator(None, extra_args=emulator)
     with server as url:
         pid = httpx.get(f"{url}/emulator/stats").json()["pid"]
