@@ -213,6 +213,15 @@ def test_forecast_matches_kaplan_meier_with_ties_and_censored_points_on_events(
     assert forecast.in_flight_tokens == pytest.approx(sum(beyond(c) for c in censored), rel=1e-6)
 
 
+def test_forecast_takes_odd_lengths_a_provider_reports_and_lengths_past_the_cap() -> None:
+    forecast = Forecast(max_tokens=100, upper_bound_usd=0.01)
+    for length in [12.0, -1, 250, 50] * 5:
+        forecast.observe(length, 0.0, None)  # type: ignore[arg-type]
+    forecast.refresh()
+    assert forecast.mean_tokens == pytest.approx((12 + 0 + 250 + 50) / 4)
+    assert forecast.beyond(100).mean == 250
+
+
 def test_adaptive_limit_cuts_under_a_429_storm_and_recovers_after() -> None:
     limit = AdaptiveLimit(1000)
     for _ in range(100):

@@ -69,9 +69,10 @@ class Forecast:
     # --- observations ----------------------------------------------------------------------------
 
     def observe(self, tokens: int, usd: float, seconds: float | None) -> None:
-        if tokens >= len(self._length_counts):
-            self._length_counts = np.concatenate((self._length_counts, np.zeros(tokens + 1)))
-        self._length_counts[max(tokens, 0)] += 1
+        length = max(int(tokens), 0)  # an index: a provider's 12.0 or -1 must not fail the run
+        if length >= len(self._length_counts):
+            self._length_counts = np.concatenate((self._length_counts, np.zeros(length + 1)))
+        self._length_counts[length] += 1
         self.observed += 1
         self.total_tokens += tokens
         self.total_usd += usd
