@@ -51,9 +51,9 @@ class LedgerView:
     billed: int = 0
     usd_by_set: dict[str, float] = field(default_factory=dict)
     by_outcome: dict[str, int] = field(default_factory=dict)
-    unresolved: dict[str, dict[str, Any]] = field(default_factory=dict)
     resolved: set[str] = field(default_factory=set)
-    # `unresolved` by set, in ledger order: admissions count a set's without a pass over all of them.
+    # `started` lines not billed yet, by set and generation id, in ledger order: admissions count a set's
+    # without a pass over every set's.
     unresolved_by_set: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def refresh(self) -> LedgerView:
@@ -62,7 +62,6 @@ class LedgerView:
             generation_id = record.get("generation_id")
             if record.get("event") == "started":
                 if generation_id and generation_id not in self.resolved:
-                    self.unresolved[generation_id] = record
                     self.unresolved_by_set.setdefault(record.get("set", ""), {})[generation_id] = record
                 continue
             usd = float(record.get("usd") or 0.0)
@@ -74,10 +73,15 @@ class LedgerView:
             self.by_outcome[outcome] = self.by_outcome.get(outcome, 0) + 1
             if generation_id:
                 self.resolved.add(generation_id)
-                started = self.unresolved.pop(generation_id, None)
-                if started is not None:
-                    del self.unresolved_by_set[started.get("set", "")][generation_id]
+                for started in self.unresolved_by_set.values():
+                    if started.pop(generation_id, None) is not None:
+                        break
         return self
+
+    @property
+    def unresolved(self) -> dict[str, dict[str, Any]]:
+        """Every set's unresolved requests, by generation id."""
+        return {key: record for started in self.unresolved_by_set.values() for key, record in started.items()}
 
     def unresolved_of(self, dataset: str) -> list[dict[str, Any]]:
         return list(self.unresolved_by_set.get(dataset, {}).values())
