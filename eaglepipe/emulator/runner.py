@@ -63,25 +63,33 @@ def running_emulator(
 ) -> Iterator[str]:
     """Yield the base URL (`http://127.0.0.1:PORT/api/v1`) of an emulator serving `model_dir`, or
     synthetic answers when it is None (`extra_args` then carry the synthetic options)."""
-    with tempfile.TemporaryDirectory(prefix="eaglepipe-emulator-") as scratch:
+    command = [
+        sys.executable,
+        "-m",
+        "eaglepipe.emulator",
+        *(["--synthetic"] if model_dir is None else ["--model-dir", str(model_dir)]),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        *extra_args,
+    ]
+    with running_server(command, "emulator", log_path=log_path, startup_timeout_s=startup_timeout_s) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_server(
+    command: Sequence[str], name: str, *, log_path: Path | None = None, startup_timeout_s: float = 120
+) -> Iterator[str]:
+    """Yield the base URL of a loopback server started as `command` + `--port-file PATH` (it writes its
+    bound port there, whole, once listening), stopped at the end of the block or when this process dies."""
+    with tempfile.TemporaryDirectory(prefix=f"eaglepipe-{name.replace(' ', '-')}-") as scratch:
         port_file = Path(scratch) / "port"
-        log_path = log_path or Path(scratch) / "emulator.log"
-        command = [
-            sys.executable,
-            "-m",
-            "eaglepipe.emulator",
-            *(["--synthetic"] if model_dir is None else ["--model-dir", str(model_dir)]),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            *extra_args,
-        ]
+        log_path = log_path or Path(scratch) / f"{name.replace(' ', '-')}.log"
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                command,
+                [*command, "--port-file", str(port_file)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -93,12 +101,12 @@ def running_emulator(
             while not port_file.exists():
                 if process.poll() is not None:
                     raise EmulatorError(
-                        f"emulator exited with status {process.returncode} during startup "
+                        f"{name} exited with status {process.returncode} during startup "
                         f"({_last_line(log_path)}): see {log_path}"
                     )
                 if time.monotonic() > deadline:
                     raise EmulatorError(
-                        f"emulator did not listen within {startup_timeout_s:g} s: see {log_path}"
+                        f"{name} did not listen within {startup_timeout_s:g} s: see {log_path}"
                     )
                 time.sleep(0.05)
             yield f"http://127.0.0.1:{int(port_file.read_text())}/api/v1"
