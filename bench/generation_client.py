@@ -13,7 +13,7 @@ client's not-streamed row's, per event: what streaming itself costs, the per-ans
 "steady client CPU" (not-streamed rows) is the client's CPU per answer (read from /proc as the emulator's
 counters are) over the same window as the rate: what a long run pays per answer, without the job's
 start-up and end (about 0.1 s of CPU, which the totals spread over the answers: a fifth of a millisecond
-each at 450 answers). A streamed row has none from the emulator (`steady_cpu_per_answer` says why); its
+each at 450 answers). A streamed row has none from the emulator (`run_case` says why); its
 total per event carries the start-up spread over some 270k events, under 0.5 us each. From the replay
 server, which counts tokens as it sends them, a streamed row gets "steady client CPU us/event".
 The client runs with the real config's budgets (dollars and output tokens), so admissions refit the
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import json
 import os
@@ -52,13 +51,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from eaglepipe.emulator.runner import running_emulator
+from eaglepipe.emulator.runner import running_emulator, running_server
 
 MODEL = "moonshotai/kimi-k2.5"
 PRICE_PER_TOKEN_USD = 3e-6  # Kimi-K2.5's output price, about $3 per million tokens
@@ -179,31 +177,6 @@ SEEDS_FULL_SHAPE = {
 REPLAY_LENGTH_SIGMA = 0.5  # log-normal lengths around the mean, capped at max_tokens
 
 
-@contextlib.contextmanager
-def running_replay(server_args: list[str]) -> Iterator[str]:
-    """The base URL of a bench/replay_server.py process, stopped at the end of the block."""
-    with tempfile.TemporaryDirectory() as scratch:
-        port_file = Path(scratch) / "port"
-        command = [
-            sys.executable,
-            str(Path(__file__).with_name("replay_server.py")),
-            "--port-file",
-            str(port_file),
-        ]
-        log = Path(scratch) / "replay.log"
-        with open(log, "w") as log_file:
-            process = subprocess.Popen([*command, *server_args], stderr=log_file)
-        try:
-            while not port_file.exists() or not port_file.read_text():
-                if process.poll() is not None:
-                    raise SystemExit(f"replay server failed: {log.read_text().strip().splitlines()[-1:]}")
-                time.sleep(0.2)
-            yield f"http://127.0.0.1:{port_file.read_text()}/api/v1"
-        finally:
-            process.terminate()
-            process.wait()
-
-
 def client_process(args: argparse.Namespace) -> None:
     """One case's client: prints {wall_s, cpu_s, completion_tokens, peak_rss_mb} as JSON."""
     if args.client == "eaglepipe, one pool":  # the design it replaced: one httpx pool for every connection
@@ -247,27 +220,15 @@ def steady_rate(window: list[tuple[float, dict[str, Any]]]) -> float:
     return (last["completion_tokens"] - first["completion_tokens"]) / (end - start)
 
 
-def steady_cpu_per_answer(window: list[tuple[float, dict[str, Any]]]) -> float | None:
-    """The client's CPU seconds per answer over the steady window: what a long run pays per answer, without
-    the once-per-job start-up and end that the totals spread over the answers. Not for streams: the
-    emulator counts an answer's tokens when it ends, so a window cannot tell which of a stream's events
-    (and their CPU) fell inside it."""
+def steady_cpu(window: list[tuple[float, dict[str, Any]]], counted: str) -> float | None:
+    """The client's CPU seconds per unit of the server's counter `counted` (`responses_completed`,
+    `completion_tokens`) over the steady window: what a long run pays, without the once-per-job start-up
+    and end that the totals spread over the answers."""
     if len(window) < 2:
         return None
     first, last = window[0][1], window[-1][1]
-    answers = last["responses_completed"] - first["responses_completed"]
-    return (last["client_cpu_s"] - first["client_cpu_s"]) / answers if answers else None
-
-
-def steady_cpu_per_event(window: list[tuple[float, dict[str, Any]]]) -> float | None:
-    """A streamed row's client CPU seconds per event (one token each) over the steady window, where the
-    server counts tokens as it sends them (the replay server; the emulator counts them at an answer's
-    end). Events sent but not yet read are few: the client reads each connection every half second."""
-    if len(window) < 2 or not window[0][1].get("counts_tokens_as_sent"):
-        return None
-    first, last = window[0][1], window[-1][1]
-    events = last["completion_tokens"] - first["completion_tokens"]
-    return (last["client_cpu_s"] - first["client_cpu_s"]) / events if events else None
+    units = last[counted] - first[counted]
+    return (last["client_cpu_s"] - first["client_cpu_s"]) / units if units else None
 
 
 def process_cpu_s(pid: int) -> float:
@@ -284,7 +245,12 @@ def run_case(
     pacing += ["--mean-tokens", str(args.mean_tokens)]
     emulator = ["--model-id", MODEL, "--seed", "1", *pacing, "--tokens-per-event", str(per_event)]
     replay = [*pacing, "--length-sigma", str(REPLAY_LENGTH_SIGMA), "--record-tokens", str(args.max_tokens)]
-    server = running_replay(replay) if args.replay else running_emulator(None, extra_args=emulator)
+    replay_server = [sys.executable, str(Path(__file__).with_name("replay_server.py")), *replay]
+    server = (
+        running_server(replay_server, "replay server")
+        if args.replay
+        else running_emulator(None, extra_args=emulator)
+    )
     with server as url:
         pid = httpx.get(f"{url}/emulator/stats").json()["pid"]
         server_cpu = process_cpu_s(pid)
@@ -332,8 +298,12 @@ def run_case(
     window = steady_window(samples, args.in_flight, args.requests)
     rate = steady_rate(window)
     events = stats["completion_tokens"] / per_event if stream else None
-    steady = None if stream else steady_cpu_per_answer(window)
-    steady_event = steady_cpu_per_event(window) if stream else None
+    steady = None if stream else steady_cpu(window, "responses_completed")
+    # Per event only where the server counts tokens as it sends them (the replay server): the emulator
+    # counts an answer's tokens when it ends, so a window cannot tell which of a stream's events (and their
+    # CPU) fell inside it. Events sent but not yet read are few: each connection is read every half second.
+    as_sent = bool(window) and window[0][1].get("counts_tokens_as_sent")
+    steady_event = steady_cpu(window, "completion_tokens") if stream and as_sent else None
     return {
         "client": f"{client} ({tree.name})" if tree is not None else client,
         "mode": f"stream, {per_event}/event" if stream else "not streamed",

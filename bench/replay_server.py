@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from eaglepipe.emulator.runner import running_emulator
+from eaglepipe.io import atomic_write
 
 TICK_S = 0.01  # the timer wheel's step: events leave at most this late
 MODEL = "moonshotai/kimi-k2.5"
@@ -303,7 +304,7 @@ async def serve(args: argparse.Namespace) -> None:
         lambda: Connection(replay), "127.0.0.1", 0, backlog=4096
     )
     port = server.sockets[0].getsockname()[1]
-    args.port_file.write_text(str(port))
+    atomic_write(args.port_file, lambda tmp: tmp.write_text(f"{port}\n"))  # read once it exists
     print(f"replaying on http://127.0.0.1:{port}/api/v1", file=sys.stderr, flush=True)
     async with server:
         await server.serve_forever()
