@@ -16,7 +16,14 @@ import pytest
 
 from eaglepipe.openrouter import budget
 from eaglepipe.openrouter.appendlog import AppendLog, read_lines
-from eaglepipe.openrouter.budget import MIN_OBSERVATIONS, SAFETY_SIGMAS, Forecast
+from eaglepipe.openrouter.budget import (
+    FIT_ERRORS,
+    MIN_OBSERVATIONS,
+    REFIT_EVERY_S,
+    REFIT_EVERY_TOKENS,
+    SAFETY_SIGMAS,
+    Forecast,
+)
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.ledger import HEARTBEAT_STALE_S, Heartbeat, LedgerView, RunLedger, ledger_path
@@ -141,17 +148,23 @@ def test_requests_in_flight_are_censored_so_long_runners_are_forecast_long() -> 
         forecast.observe(50, 0.0005, 0.5)
         forecast.observe(150, 0.0015, 1.5)
     forecast.refresh()
-    assert forecast.mean_tokens == pytest.approx(100) and forecast.usd_per_token == pytest.approx(1e-5)
+    # 20 answers and the pseudo-answer at the cap.
+    assert forecast.mean_tokens == pytest.approx((10 * 50 + 10 * 150 + 1000) / 21)
+    assert forecast.usd_per_token == pytest.approx(1e-5)
     for key in "abcde":  # five requests running 2 s: about 200 tokens each, beyond every finished one
         forecast.admit(key)
         forecast.flights[key].started -= 2.0
     forecast.refresh()
-    # Kaplan-Meier: 10 of 25 at risk end at 50, 10 of the 15 left at 150; the 20% left goes to the cap.
-    assert forecast.mean_tokens == pytest.approx(0.4 * 50 + 0.4 * 150 + 0.2 * 1000)
+    # Kaplan-Meier: 10 of 26 at risk end at 50, 10 of the 16 left at 150; the rest is at the cap.
+    masses = {50: 10 / 26, 150: 10 / 26, 1000: 6 / 26}
+    assert forecast.mean_tokens == pytest.approx(sum(v * m for v, m in masses.items()))
     assert forecast.in_flight_tokens == pytest.approx(5 * 1000)
     assert forecast.in_flight_variance == pytest.approx(0, abs=1e-6)
-    fresh_variance = 0.4 * 50**2 + 0.4 * 150**2 + 0.2 * 1000**2 - forecast.mean_tokens**2
-    expected = 5 * 1000 + forecast.mean_tokens + SAFETY_SIGMAS * fresh_variance**0.5
+    fresh_variance = sum(v * v * m for v, m in masses.items()) - forecast.mean_tokens**2
+    fresh_fit_error = (fresh_variance / 21) ** 0.5  # the fresh mean rests on all 21 answers
+    expected = (
+        5 * 1000 + forecast.mean_tokens + SAFETY_SIGMAS * fresh_variance**0.5 + FIT_ERRORS * fresh_fit_error
+    )
     assert forecast.committed_tokens() == pytest.approx(expected)
     assert forecast.committed_usd() == pytest.approx(expected * 1e-5)
     forecast.finish("a")
@@ -163,11 +176,14 @@ def test_forecast_beyond_a_bound_follows_the_observed_tail() -> None:
     for length in [10] * 10 + [100] * 10 + [500] * 10:
         forecast.observe(length, 0.0, None)
     forecast.refresh()
-    assert forecast.mean_tokens == pytest.approx(610 / 3)
-    assert forecast.beyond(50).mean == pytest.approx(300)
-    assert forecast.beyond(50).variance == pytest.approx(200**2)
-    assert forecast.beyond(200).mean == pytest.approx(500) and forecast.beyond(200).variance == 0
-    assert forecast.beyond(600).mean == 1000
+    assert forecast.mean_tokens == pytest.approx((100 + 1000 + 5000 + 1000) / 31)
+    beyond_50 = forecast.beyond(50)  # 10 at 100, 10 at 500, the pseudo-answer at 1000
+    mean = (1000 + 5000 + 1000) / 21
+    variance = (10 * 100**2 + 10 * 500**2 + 1000**2) / 21 - mean**2
+    assert beyond_50.mean == pytest.approx(mean) and beyond_50.variance == pytest.approx(variance)
+    assert beyond_50.fit_error == pytest.approx((variance / 21) ** 0.5)
+    assert forecast.beyond(200).mean == pytest.approx((5000 + 1000) / 11)
+    assert forecast.beyond(600).mean == 1000 and forecast.beyond(600).variance == 0
 
 
 def kaplan_meier(events: list[float], censored: list[float], cap: float) -> dict[float, float]:
@@ -201,7 +217,7 @@ def test_forecast_matches_kaplan_meier_with_ties_and_censored_points_on_events(
     forecast.refresh()
 
     censored = [min(seconds * 10, 400) for seconds in elapsed]
-    masses = kaplan_meier(events, censored, cap=400.0)
+    masses = kaplan_meier(events + [400.0], censored, cap=400.0)  # with the pseudo-answer at the cap
 
     def beyond(bound: float) -> float:
         tail = {value: mass for value, mass in masses.items() if value > bound}
@@ -213,12 +229,55 @@ def test_forecast_matches_kaplan_meier_with_ties_and_censored_points_on_events(
     assert forecast.in_flight_tokens == pytest.approx(sum(beyond(c) for c in censored), rel=1e-6)
 
 
+def test_an_answer_that_outran_the_requests_started_with_it_leaves_their_tail_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Speeds vary: a fast answer can be longer than the elapsed-time estimate of every request still in
+    flight. Kaplan-Meier alone then ends the distribution at that answer, and forecasts every request in
+    flight to end about now; the pseudo-answer at the cap keeps their tail open."""
+    now = 100.0
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: now))
+    forecast = Forecast(max_tokens=1000, upper_bound_usd=0.01)
+    for length in range(10, 310, 10):
+        forecast.observe(length, 0.0, length / 100)  # 100 tokens a second
+    forecast.observe(320, 0.0, 2.9)  # a fast one
+    for key in "abc":  # three requests sent 3 s ago: about 300 tokens so far by the fit
+        forecast.admit(key)
+        forecast.flights[key].started = now - 3.0
+    forecast.refresh()
+    longest = 320
+    assert all(flight.tokens > longest + 100 for flight in forecast.flights.values())
+
+
+def test_the_forecast_is_refit_once_requests_in_flight_produced_a_few_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fit at most REFIT_EVERY_S old is stale when answers run fast: the requests that survived it are
+    forecast from tokens they have long passed."""
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    forecast = Forecast(max_tokens=1000, upper_bound_usd=0.01)
+    for length in range(10, 410, 10):
+        forecast.observe(length, 0.0, length / 400)  # 400 tokens a second
+    forecast.admit("a")
+    forecast.refresh()
+    fitted = forecast.in_flight_tokens
+    few_tokens_s = REFIT_EVERY_TOKENS / 400
+    assert few_tokens_s < REFIT_EVERY_S
+    clock.now += few_tokens_s / 2
+    forecast.refresh(max_age_s=REFIT_EVERY_S)
+    assert forecast.in_flight_tokens == fitted  # not yet
+    clock.now += few_tokens_s
+    forecast.refresh(max_age_s=REFIT_EVERY_S)
+    assert forecast.in_flight_tokens > fitted
+
+
 def test_forecast_takes_odd_lengths_a_provider_reports_and_lengths_past_the_cap() -> None:
     forecast = Forecast(max_tokens=100, upper_bound_usd=0.01)
     for length in [12.0, -1, 250, 50] * 5:
         forecast.observe(length, 0.0, None)  # type: ignore[arg-type]
     forecast.refresh()
-    assert forecast.mean_tokens == pytest.approx((12 + 0 + 250 + 50) / 4)
+    assert forecast.mean_tokens == pytest.approx((5 * (12 + 0 + 250 + 50) + 100) / 21)
     assert forecast.beyond(100).mean == 250
 
 

@@ -7,14 +7,27 @@ time with the least-squares fit `latency = first-token time + tokens / rate` ove
 request in flight is then expected to end at E[X | X > tokens so far], which grows the longer it runs; a
 request about to be admitted at the plain mean. Overestimating the tokens so far (a slow provider, a
 request waiting out a back-off) errs on the safe side: it makes admissions wait, never overshoot. Mass the
-finished answers do not reach is put at `max_tokens`, the cap. Admission keeps the expected total plus
-`SAFETY_SIGMAS` standard deviations of what is in flight under the budget, so near the end fewer requests
-are let in at once. Dollars follow tokens at the observed dollars per completion token.
+finished answers do not reach is put at `max_tokens`, the cap, and one pseudo-answer at the cap
+(`CAP_PSEUDO_ANSWERS`) keeps that tail open: without it, a fast answer that outran the elapsed-time
+estimate of every request started with it ended the fitted distribution at its own length, and every
+request in flight was forecast to end about now (simulated runs of the heavy-tailed rehearsal passed its
+budget by 6% in the median once request speeds varied by 5%). Its weight fades as answers accumulate.
+
+Admission keeps under the budget the expected total, plus `SAFETY_SIGMAS` standard deviations of the sum
+in flight (the lengths' own spread), plus `FIT_ERRORS` standard errors of the fitted means, added up over the
+requests in flight as if fully correlated (they all come from one fitted curve, and the tail beyond a long
+bound rests on few answers). Near the end fewer requests are let in at once. Every admission is another
+chance to be let in on a forecast that happens to run short, and the last admission is such a one: with 3
+standard deviations alone, 3 in 200 simulated runs of the heavy-tailed rehearsal passed its budget by more
+than 1%, up to 5% (`bench/token_budget.py`). Dollars follow tokens at the observed dollars per completion
+token.
 
 Until `MIN_OBSERVATIONS` answers have finished, every request counts as the stated upper bound
 (`max_tokens`, or the dearest kept endpoint's price at `max_tokens`), so an early burst of admissions
-cannot overrun a small budget. The forecast is recomputed at most every `REFIT_EVERY_S` while admissions
-are being decided; in between, an admission adds the mean and a finished request takes back its forecast.
+cannot overrun a small budget. The forecast is recomputed while admissions are being decided once it is
+`REFIT_EVERY_S` old, or sooner once the requests in flight have produced `REFIT_EVERY_TOKENS` more tokens
+(fast providers: the survivors of a stale fit are forecast from tokens they have long passed); in between,
+an admission adds the mean and a finished request takes back its forecast.
 A refit costs O(distinct lengths + requests in flight) in numpy, not O(answers so far) in Python: at the
 seeds' scale (thousands of answers, 2000 in flight, five refits a second) a refit over every answer cost
 more CPU than the answers themselves (bench/forecast_refit.py).
@@ -30,10 +43,11 @@ import numpy as np
 
 MIN_OBSERVATIONS = 20
 REFIT_EVERY_S = 0.25
-# Admissions keep the forecast this many standard deviations (of the sum in flight) under the budget: the
-# taper near the end of a budget. 2 let heavy-tailed test runs pass a token budget by 2-4% (the fit runs
-# about 10% short on requests in flight); 3 kept them under it.
-SAFETY_SIGMAS = 3.0
+REFIT_EVERY_TOKENS = 8
+CAP_PSEUDO_ANSWERS = 1
+# The taper's margins (module docstring); bench/token_budget.py measures what they give.
+SAFETY_SIGMAS = 4.0
+FIT_ERRORS = 2.0
 
 
 @dataclass
@@ -41,12 +55,14 @@ class _Flight:
     started: float
     tokens: float
     variance: float
+    fit_error: float
 
 
 @dataclass(frozen=True)
 class _Conditional:
     mean: float
     variance: float
+    fit_error: float  # the standard error of `mean`: the spread over the answers it rests on
 
 
 class Forecast:
@@ -61,10 +77,12 @@ class Forecast:
         self.flights: dict[str, _Flight] = {}
         self.in_flight_tokens = 0.0
         self.in_flight_variance = 0.0
+        self.in_flight_fit_error = 0.0
         self._values = np.empty(0)  # the fitted distribution's support, ascending
-        self._suffix = np.zeros((1, 3))  # mass, sum v, sum v^2 from position i on
-        self._fresh = _Conditional(float(max_tokens), 0.0)
+        self._suffix = np.zeros((1, 4))  # mass, sum v, sum v^2, answers from position i on
+        self._fresh = _Conditional(float(max_tokens), 0.0, 0.0)
         self._fitted_at = float("-inf")
+        self._seconds_per_token = float("inf")
 
     # --- observations ----------------------------------------------------------------------------
 
@@ -87,37 +105,43 @@ class Forecast:
 
     def admit(self, key: str) -> None:
         fresh = self._fresh
-        self.flights[key] = _Flight(time.monotonic(), fresh.mean, fresh.variance)
+        self.flights[key] = _Flight(time.monotonic(), fresh.mean, fresh.variance, fresh.fit_error)
         self.in_flight_tokens += fresh.mean
         self.in_flight_variance += fresh.variance
+        self.in_flight_fit_error += fresh.fit_error
 
     def finish(self, key: str) -> None:
         flight = self.flights.pop(key, None)
         if flight is not None:
             self.in_flight_tokens -= flight.tokens
             self.in_flight_variance -= flight.variance
+            self.in_flight_fit_error -= flight.fit_error
 
     def refresh(self, max_age_s: float = 0.0) -> None:
         """Re-fit the length distribution with the requests in flight censored, and re-forecast them;
-        skipped while the last fit is younger than `max_age_s`."""
+        skipped while the last fit is younger than `max_age_s` and than `REFIT_EVERY_TOKENS` tokens."""
         now = time.monotonic()
-        if now - self._fitted_at < max_age_s:
+        if now - self._fitted_at < min(max_age_s, REFIT_EVERY_TOKENS * self._seconds_per_token):
             return
         self._fitted_at = now
         flights = list(self.flights.values())
         bounds = np.zeros(len(flights))
         if self.known:
             first_token_s, seconds_per_token = self._timing.fit()
+            self._seconds_per_token = seconds_per_token if seconds_per_token > 0 else float("inf")
             if seconds_per_token > 0:
                 started = np.fromiter((flight.started for flight in flights), float, len(flights))
                 bounds = np.minimum(
                     np.maximum(now - started - first_token_s, 0.0) / seconds_per_token, self.max_tokens
                 )
             self._fit(bounds)
-        means, variances = self._beyond_all(bounds)
-        for flight, mean, variance in zip(flights, means.tolist(), variances.tolist(), strict=True):
-            flight.tokens, flight.variance = mean, variance
+        means, variances, fit_errors = self._beyond_all(bounds)
+        for flight, mean, variance, fit_error in zip(
+            flights, means.tolist(), variances.tolist(), fit_errors.tolist(), strict=True
+        ):
+            flight.tokens, flight.variance, flight.fit_error = mean, variance, fit_error
         self.in_flight_tokens, self.in_flight_variance = float(means.sum()), float(variances.sum())
+        self.in_flight_fit_error = float(fit_errors.sum())
 
     # --- forecasts -------------------------------------------------------------------------------
 
@@ -140,10 +164,12 @@ class Forecast:
         return self.upper_bound_usd * len(self.flights) if rate is None else self.in_flight_tokens * rate
 
     def committed_tokens(self) -> float:
-        """What the requests in flight and one more admission may produce: their expected tokens plus
-        SAFETY_SIGMAS standard deviations of that sum."""
-        spread = math.sqrt(max(self.in_flight_variance + self._fresh.variance, 0.0))
-        return self.in_flight_tokens + self._fresh.mean + SAFETY_SIGMAS * spread
+        """What the requests in flight and one more admission may produce: their expected tokens plus the
+        taper's margins (module docstring)."""
+        fresh = self._fresh
+        spread = math.sqrt(max(self.in_flight_variance + fresh.variance, 0.0))
+        fit_error = max(self.in_flight_fit_error + fresh.fit_error, 0.0)
+        return self.in_flight_tokens + fresh.mean + SAFETY_SIGMAS * spread + FIT_ERRORS * fit_error
 
     def committed_usd(self) -> float:
         rate = self.usd_per_token
@@ -153,42 +179,42 @@ class Forecast:
 
     def beyond(self, lower_bound: float) -> _Conditional:
         """X given X > lower_bound under the fitted distribution (the upper bound before any fit)."""
-        means, variances = self._beyond_all(np.array([lower_bound]))
-        return _Conditional(float(means[0]), float(variances[0]))
+        means, variances, fit_errors = self._beyond_all(np.array([lower_bound]))
+        return _Conditional(float(means[0]), float(variances[0]), float(fit_errors[0]))
 
-    def _beyond_all(self, lower_bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`beyond` for many bounds at once: (means, variances)."""
+    def _beyond_all(self, lower_bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`beyond` for many bounds at once: (means, variances, fit errors)."""
         if not len(self._values):
-            return np.full(len(lower_bounds), float(self.max_tokens)), np.zeros(len(lower_bounds))
-        mass, first, second = self._suffix[np.searchsorted(self._values, lower_bounds, side="right")].T
+            nothing = np.zeros(len(lower_bounds))
+            return np.full(len(lower_bounds), float(self.max_tokens)), nothing, nothing
+        positions = np.searchsorted(self._values, lower_bounds, side="right")
+        mass, first, second, answers = self._suffix[positions].T
         reached = mass > 0
         safe_mass = np.where(reached, mass, 1.0)
         mean = first / safe_mass
         means = np.maximum(lower_bounds, np.where(reached, mean, float(self.max_tokens)))
         variances = np.where(reached, np.maximum(second / safe_mass - mean * mean, 0.0), 0.0)
-        return means, variances
+        return means, variances, np.sqrt(variances / np.maximum(answers, 1.0))
 
     def _fit(self, censored: np.ndarray) -> None:
-        """Kaplan-Meier over finished lengths (events) and the in-flight bounds (censored); the mass left
-        after the last event goes to max_tokens. At each event value v, the points at risk are those at
-        or above v, censored ones included."""
-        lengths = np.flatnonzero(self._length_counts)
-        values, events = lengths.astype(float), self._length_counts[lengths]
+        """Kaplan-Meier over finished lengths and the pseudo-answers at the cap (events) and the in-flight
+        bounds (censored). At each event value v, the points at risk are those at or above v, censored
+        ones included."""
+        counts = self._length_counts.copy()
+        counts[self.max_tokens] += CAP_PSEUDO_ANSWERS
+        lengths = np.flatnonzero(counts)
+        values, events = lengths.astype(float), counts[lengths]
         events_at_or_above = np.cumsum(events[::-1])[::-1]
         censored_at_or_above = len(censored) - np.searchsorted(np.sort(censored), values, side="left")
         at_risk = events_at_or_above + censored_at_or_above
         survival_after = np.cumprod(1.0 - events / at_risk)
         survival_before = np.concatenate(([1.0], survival_after[:-1]))
         masses = survival_before * events / at_risk
-        survival = float(survival_after[-1]) if len(values) else 1.0
-        if survival > 1e-12:
-            if len(values) and values[-1] == self.max_tokens:
-                masses[-1] += survival
-            else:
-                values = np.append(values, float(self.max_tokens))
-                masses = np.append(masses, survival)
-        moments = np.stack((masses, masses * values, masses * values * values), axis=1)
-        suffix = np.zeros((len(values) + 1, 3))
+        # Only requests in flight outlive the last answer (the pseudo-answer at the cap, where their
+        # bounds stop): their mass stays there.
+        masses[-1] += survival_after[-1]
+        moments = np.stack((masses, masses * values, masses * values * values, events), axis=1)
+        suffix = np.zeros((len(values) + 1, 4))
         suffix[:-1] = np.cumsum(moments[::-1], axis=0)[::-1]
         self._values, self._suffix = values, suffix
         self._fresh = self.beyond(float("-inf"))
