@@ -72,7 +72,9 @@ class Forecast:
         self.observed = 0
         self.total_tokens = 0
         self.total_usd = 0.0
-        self._length_counts = np.zeros(max_tokens + 1)  # finished answers by length, grown past the cap
+        # Answers by length, grown past the cap: the finished ones and the pseudo-answers at the cap.
+        self._length_counts = np.zeros(max_tokens + 1)
+        self._length_counts[max_tokens] = CAP_PSEUDO_ANSWERS
         self._timing = _TimingSums()
         self.flights: dict[str, _Flight] = {}
         self.in_flight_tokens = 0.0
@@ -200,10 +202,8 @@ class Forecast:
         """Kaplan-Meier over finished lengths and the pseudo-answers at the cap (events) and the in-flight
         bounds (censored). At each event value v, the points at risk are those at or above v, censored
         ones included."""
-        counts = self._length_counts.copy()
-        counts[self.max_tokens] += CAP_PSEUDO_ANSWERS
-        lengths = np.flatnonzero(counts)
-        values, events = lengths.astype(float), counts[lengths]
+        lengths = np.flatnonzero(self._length_counts)
+        values, events = lengths.astype(float), self._length_counts[lengths]
         events_at_or_above = np.cumsum(events[::-1])[::-1]
         censored_at_or_above = len(censored) - np.searchsorted(np.sort(censored), values, side="left")
         at_risk = events_at_or_above + censored_at_or_above
