@@ -10,7 +10,7 @@ second.
     python bench/forecast_refit.py --previous-tree /tmp/ep-prev   # e.g. git worktree add /tmp/ep-prev REV
 
 Lengths are log-normal (median 1100 tokens, capped at 16384); each request in flight started up to 120 s
-ago. Every case is timed in this process, one after the other, with `time.process_time`.
+ago. Every case is timed in this process with `time.process_time`, the fastest of `--repeats` kept.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 MAX_TOKENS = 16384
 IN_FLIGHT = 2000
@@ -47,9 +47,11 @@ def ms_per_refit(budget: ModuleType, answers: int, refits: int) -> float:
         tokens = min(int(rng.lognormvariate(7.0, 0.8)), MAX_TOKENS)
         forecast.observe(tokens, tokens * 3e-6, 0.5 + tokens / 15)
     now = time.monotonic()
-    for number in range(IN_FLIGHT):
+    for number in range(IN_FLIGHT):  # sent over the last two minutes: the module's clock says when
+        sent = now - rng.uniform(0, 120)
+        budget.time = SimpleNamespace(monotonic=lambda sent=sent: sent)
         forecast.admit(f"p{number}")
-        forecast.flights[f"p{number}"].started = now - rng.uniform(0, 120)
+    budget.time = time
     forecast.refresh()  # once untimed: numpy's first calls in the process cost more
     started = time.process_time()
     for _ in range(refits):
@@ -62,16 +64,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--previous-tree", type=Path, action="append", default=[])
     parser.add_argument("--refits", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     trees = [("this tree", Path(__file__).resolve().parents[1])]
     trees += [(f"previous ({tree})", tree) for tree in args.previous_tree]
-    print(f"{'forecast':<40} {'answers':>8} {'ms/refit':>9} {'ms/answer of the run':>21}")
-    for name, tree in trees:
-        budget = load_budget(tree)
+    budgets = {name: load_budget(tree) for name, tree in trees}
+    # Each case timed `--repeats` times, the trees taking turns, and the fastest kept: the first cases
+    # timed in a process read high, and a shared machine only ever adds time.
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(args.repeats):
         for answers in ANSWERS:
-            ms = ms_per_refit(budget, answers, args.refits)
-            per_answer = ms * REFITS_PER_S / ANSWERS_PER_S
-            print(f"{name:<40} {answers:>8} {ms:>9.2f} {per_answer:>21.2f}")
+            for name, budget in budgets.items():
+                ms = ms_per_refit(budget, answers, args.refits)
+                best[name, answers] = min(ms, best.get((name, answers), ms))
+    print(f"{'forecast':<40} {'answers':>8} {'ms/refit':>9} {'ms/answer of the run':>21}")
+    for name, _tree in trees:
+        for answers in ANSWERS:
+            ms = best[name, answers]
+            print(f"{name:<40} {answers:>8} {ms:>9.2f} {ms * REFITS_PER_S / ANSWERS_PER_S:>21.2f}")
 
 
 if __name__ == "__main__":

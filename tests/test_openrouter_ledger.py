@@ -142,7 +142,11 @@ def test_forecast_is_the_upper_bound_until_answers_are_seen() -> None:
     assert forecast.committed_tokens() == 2000 and forecast.committed_usd() == pytest.approx(0.02)
 
 
-def test_requests_in_flight_are_censored_so_long_runners_are_forecast_long() -> None:
+def test_requests_in_flight_are_censored_so_long_runners_are_forecast_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: clock.now))
     forecast = Forecast(max_tokens=1000, upper_bound_usd=0.01)
     for _ in range(10):  # 100 tokens/s, no first-token delay: latency = tokens / 100
         forecast.observe(50, 0.0005, 0.5)
@@ -153,7 +157,7 @@ def test_requests_in_flight_are_censored_so_long_runners_are_forecast_long() -> 
     assert forecast.usd_per_token == pytest.approx(1e-5)
     for key in "abcde":  # five requests running 2 s: about 200 tokens each, beyond every finished one
         forecast.admit(key)
-        forecast.flights[key].started -= 2.0
+    clock.now += 2.0
     forecast.refresh()
     # Kaplan-Meier: 10 of 26 at risk end at 50, 10 of the 16 left at 150; the rest is at the cap.
     masses = {50: 10 / 26, 150: 10 / 26, 1000: 6 / 26}
@@ -201,8 +205,8 @@ def kaplan_meier(events: list[float], censored: list[float], cap: float) -> dict
 def test_forecast_matches_kaplan_meier_with_ties_and_censored_points_on_events(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    now = 1000.0
-    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: now))
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: clock.now))
     rng = random.Random(7)
     forecast = Forecast(max_tokens=400, upper_bound_usd=0.01)
     events = [float(rng.choice([0, 20, 50, 50, 90, 130, 200, 200, 200, 310, 400])) for _ in range(60)]
@@ -212,8 +216,9 @@ def test_forecast_matches_kaplan_meier_with_ties_and_censored_points_on_events(
     # is censored at 0, on the empty answers; those past 40 s at the cap, on the answers cut there.
     elapsed = [rng.choice([0.0, 2.5, 5.5, 9.5, 13.5, 20.5, 35.5, 45.0, 60.0]) for _ in range(40)]
     for number, seconds in enumerate(elapsed):
+        clock.now = 1000.0 - seconds
         forecast.admit(str(number))
-        forecast.flights[str(number)].started = now - seconds
+    clock.now = 1000.0
     forecast.refresh()
 
     censored = [min(seconds * 10, 400) for seconds in elapsed]
@@ -235,18 +240,18 @@ def test_an_answer_that_outran_the_requests_started_with_it_leaves_their_tail_op
     """Speeds vary: a fast answer can be longer than the elapsed-time estimate of every request still in
     flight. Kaplan-Meier alone then ends the distribution at that answer, and forecasts every request in
     flight to end about now; the pseudo-answer at the cap keeps their tail open."""
-    now = 100.0
-    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: now))
+    clock = SimpleNamespace(now=97.0)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: clock.now))
     forecast = Forecast(max_tokens=1000, upper_bound_usd=0.01)
     for length in range(10, 310, 10):
         forecast.observe(length, 0.0, length / 100)  # 100 tokens a second
     forecast.observe(320, 0.0, 2.9)  # a fast one
     for key in "abc":  # three requests sent 3 s ago: about 300 tokens so far by the fit
         forecast.admit(key)
-        forecast.flights[key].started = now - 3.0
+    clock.now += 3.0
     forecast.refresh()
     longest = 320
-    assert all(flight.tokens > longest + 100 for flight in forecast.flights.values())
+    assert forecast.in_flight_tokens / 3 > longest + 100  # each alike: they started together
 
 
 def test_the_forecast_is_refit_once_requests_in_flight_produced_a_few_tokens(
@@ -270,6 +275,34 @@ def test_the_forecast_is_refit_once_requests_in_flight_produced_a_few_tokens(
     clock.now += few_tokens_s
     forecast.refresh(max_age_s=REFIT_EVERY_S)
     assert forecast.in_flight_tokens > fitted
+
+
+def test_finished_requests_leave_the_forecast_and_their_rows_are_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows of finished requests are reused as the table grows: only the requests still in flight, each
+    from its own start, count in a refit; a key admitted again replaces its request."""
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    forecast = Forecast(max_tokens=1000, upper_bound_usd=0.01)
+    for length in range(10, 1010, 10):
+        forecast.observe(length, 0.0, length / 100)  # 100 tokens a second
+    started = {}
+    for number in range(150):  # past the first rows' 64: the table grows twice
+        clock.now = 100.0 + number * 0.01
+        forecast.admit(f"p{number}")
+        started[f"p{number}"] = clock.now
+    for number in range(0, 150, 3):
+        forecast.finish(f"p{number}")
+        del started[f"p{number}"]
+    for number in (1, 2, 150, 151):  # two again, two new: into the rows just freed
+        forecast.admit(f"p{number}")
+        started[f"p{number}"] = clock.now
+    clock.now = 104.0
+    forecast.refresh()
+    assert forecast.in_flight == len(started) == 102
+    expected = sum(forecast.beyond((clock.now - at) * 100).mean for at in started.values())
+    assert forecast.in_flight_tokens == pytest.approx(expected, rel=1e-9)
 
 
 def test_forecast_takes_odd_lengths_a_provider_reports_and_lengths_past_the_cap() -> None:

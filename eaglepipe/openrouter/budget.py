@@ -50,14 +50,6 @@ SAFETY_SIGMAS = 4.0
 FIT_ERRORS = 2.0
 
 
-@dataclass
-class _Flight:
-    started: float
-    tokens: float
-    variance: float
-    fit_error: float
-
-
 @dataclass(frozen=True)
 class _Conditional:
     mean: float
@@ -76,7 +68,7 @@ class Forecast:
         self._length_counts = np.zeros(max_tokens + 1)
         self._length_counts[max_tokens] = CAP_PSEUDO_ANSWERS
         self._timing = _TimingSums()
-        self.flights: dict[str, _Flight] = {}
+        self._flights = _Flights()
         self.in_flight_tokens = 0.0
         self.in_flight_variance = 0.0
         self.in_flight_fit_error = 0.0
@@ -106,18 +98,24 @@ class Forecast:
     # --- requests in flight ----------------------------------------------------------------------
 
     def admit(self, key: str) -> None:
+        self.finish(key)  # a key admitted again replaces its flight
         fresh = self._fresh
-        self.flights[key] = _Flight(time.monotonic(), fresh.mean, fresh.variance, fresh.fit_error)
+        self._flights.add(key, time.monotonic(), fresh.mean, fresh.variance, fresh.fit_error)
         self.in_flight_tokens += fresh.mean
         self.in_flight_variance += fresh.variance
         self.in_flight_fit_error += fresh.fit_error
 
     def finish(self, key: str) -> None:
-        flight = self.flights.pop(key, None)
-        if flight is not None:
-            self.in_flight_tokens -= flight.tokens
-            self.in_flight_variance -= flight.variance
-            self.in_flight_fit_error -= flight.fit_error
+        forecast = self._flights.remove(key)
+        if forecast is not None:
+            tokens, variance, fit_error = forecast
+            self.in_flight_tokens -= tokens
+            self.in_flight_variance -= variance
+            self.in_flight_fit_error -= fit_error
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._flights.slots)
 
     def refresh(self, max_age_s: float = 0.0) -> None:
         """Re-fit the length distribution with the requests in flight censored, and re-forecast them;
@@ -126,24 +124,22 @@ class Forecast:
         if now - self._fitted_at < min(max_age_s, REFIT_EVERY_TOKENS * self._seconds_per_token):
             return
         self._fitted_at = now
-        flights = list(self.flights.values())
-        bounds = np.zeros(len(flights))
+        live = self._flights.live_slots()
+        columns = self._flights.columns
+        bounds = np.zeros(len(live))
         if self.known:
             first_token_s, seconds_per_token = self._timing.fit()
             self._seconds_per_token = seconds_per_token if seconds_per_token > 0 else float("inf")
             if seconds_per_token > 0:
-                started = np.fromiter((flight.started for flight in flights), float, len(flights))
+                started = columns[live, _STARTED]
                 bounds = np.minimum(
                     np.maximum(now - started - first_token_s, 0.0) / seconds_per_token, self.max_tokens
                 )
             self._fit(bounds)
-        means, variances, fit_errors = self._beyond_all(bounds)
-        for flight, mean, variance, fit_error in zip(
-            flights, means.tolist(), variances.tolist(), fit_errors.tolist(), strict=True
-        ):
-            flight.tokens, flight.variance, flight.fit_error = mean, variance, fit_error
-        self.in_flight_tokens, self.in_flight_variance = float(means.sum()), float(variances.sum())
-        self.in_flight_fit_error = float(fit_errors.sum())
+        forecasts = np.stack(self._beyond_all(bounds), axis=1)
+        columns[live, _TOKENS:] = forecasts
+        tokens, variance, fit_error = forecasts.sum(axis=0).tolist()
+        self.in_flight_tokens, self.in_flight_variance, self.in_flight_fit_error = tokens, variance, fit_error
 
     # --- forecasts -------------------------------------------------------------------------------
 
@@ -163,7 +159,7 @@ class Forecast:
     @property
     def in_flight_usd(self) -> float:
         rate = self.usd_per_token
-        return self.upper_bound_usd * len(self.flights) if rate is None else self.in_flight_tokens * rate
+        return self.upper_bound_usd * self.in_flight if rate is None else self.in_flight_tokens * rate
 
     def committed_tokens(self) -> float:
         """What the requests in flight and one more admission may produce: their expected tokens plus the
@@ -176,7 +172,7 @@ class Forecast:
     def committed_usd(self) -> float:
         rate = self.usd_per_token
         if rate is None:
-            return self.upper_bound_usd * (len(self.flights) + 1)
+            return self.upper_bound_usd * (self.in_flight + 1)
         return self.committed_tokens() * rate
 
     def beyond(self, lower_bound: float) -> _Conditional:
@@ -218,6 +214,47 @@ class Forecast:
         suffix[:-1] = np.cumsum(moments[::-1], axis=0)[::-1]
         self._values, self._suffix = values, suffix
         self._fresh = self.beyond(float("-inf"))
+
+
+# `_Flights.columns`: when the request started, then its forecast (tokens, variance, fit error).
+_STARTED, _TOKENS = 0, 1
+
+
+class _Flights:
+    """The requests in flight as rows of one array (when each started, and its forecast: tokens, variance,
+    fit error), so a refit re-forecasts 2000 of them in a few numpy calls: a Python loop over them cost
+    more than the rest of a plain answer's bookkeeping. A finished request's row is reused."""
+
+    def __init__(self) -> None:
+        self.slots: dict[str, int] = {}
+        self.columns = np.zeros((0, 4))
+        self._live = np.zeros(0, dtype=bool)
+        self._free: list[int] = []
+
+    def add(self, key: str, started: float, tokens: float, variance: float, fit_error: float) -> None:
+        if not self._free:
+            grown = max(64, 2 * len(self.columns))
+            self._free = list(range(grown - 1, len(self.columns) - 1, -1))  # lowest first
+            added = grown - len(self.columns)
+            self.columns = np.concatenate((self.columns, np.zeros((added, 4))))
+            self._live = np.concatenate((self._live, np.zeros(added, dtype=bool)))
+        slot = self._free.pop()
+        self.slots[key] = slot
+        self.columns[slot] = (started, tokens, variance, fit_error)
+        self._live[slot] = True
+
+    def remove(self, key: str) -> tuple[float, float, float] | None:
+        """The request's forecast (tokens, variance, fit error); None for a key not in flight."""
+        slot = self.slots.pop(key, None)
+        if slot is None:
+            return None
+        self._live[slot] = False
+        self._free.append(slot)
+        tokens, variance, fit_error = self.columns[slot, _TOKENS:].tolist()
+        return tokens, variance, fit_error
+
+    def live_slots(self) -> np.ndarray:
+        return np.flatnonzero(self._live)
 
 
 class _TimingSums:
