@@ -12,10 +12,10 @@ run (at most 1% over) samples once.
 The admission rule is the client's (`_Run.admit` and `_Run._budget_verdict` in
 eaglepipe/openrouter/client.py, token budget only): while fewer than `concurrency` are in flight, refresh
 the forecast (at most every `REFIT_EVERY_S`, as the client asks) and admit while completion tokens done +
-`committed_tokens()` stay under the budget; stop once nothing is in flight and one more would not fit; a
-refit every `TICK_S` besides. Answers are log-normal lengths (`+1` for the stop token, cut at max_tokens)
-that take `latency + tokens / rate` seconds, times exp(N(0, speed spread)): requests of one provider do not
-all run at one speed.
+`committed_tokens()` stay under the budget; stop once nothing is in flight and one more would not fit; the
+tick every `TICK_S` refits it too once it is that old. Answers are log-normal lengths (`+1` for the stop
+token, cut at max_tokens) that take `latency + tokens / rate` seconds, times exp(N(0, speed spread)):
+requests of one provider do not all run at one speed.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def one_run(
         else:
             clock.now = next_tick
             next_tick += TICK_S
-            forecast.refresh()
+            forecast.refresh(max_age_s=budget.REFIT_EVERY_S)
 
 
 def main() -> None:

@@ -453,9 +453,9 @@ class _Run:
             log.warning("stopping new requests: %s", message)
 
     def notify(self) -> None:
-        """Wake the feeder: a slot, a budget or the live limit may have changed."""
+        """Wake the feeder: a slot, a budget or the live limit may have changed. A set event stays set
+        until the feeder next waits (it takes a fresh one then), so a wake-up costs no new event each."""
         self.changed.set()
-        self.changed = anyio.Event()
 
     # --- admission -------------------------------------------------------------------------------
 
@@ -492,6 +492,8 @@ class _Run:
                 if verdict[0] != "wait":
                     self.stop(*verdict)
                     break
+            # Nothing runs between the checks above and this wait, so no wake-up is missed.
+            self.changed = anyio.Event()
             await self.changed.wait()
         return False
 
@@ -582,7 +584,7 @@ async def _tick_forever(run: _Run, heartbeat: Heartbeat) -> None:
     last_log = last_key_check = time.monotonic()
     while True:
         await anyio.sleep(TICK_S)
-        run.forecast.refresh()
+        run.forecast.refresh(max_age_s=REFIT_EVERY_S)  # admissions may have refit it just now
         await anyio.to_thread.run_sync(heartbeat.beat, run.in_flight, run.forecast.in_flight_usd)
         run.others = heartbeat.others()
         run.limit.set_ceiling(run.settings.concurrency // (1 + run.others.count))
