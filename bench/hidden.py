@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from eaglepipe.hidden.backends import BackendSettings, TargetShape, open_backend
+from eaglepipe.hidden.backends import BackendSettings, open_backend
 from eaglepipe.hidden.extract import HiddenSettings, extract_hidden, read_set_tokens
 from eaglepipe.hidden.storage import bytes_per_token
+from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import default_aux_layers
-from eaglepipe.target.weights import read_target_config
 
 # The estimate's assumptions, printed with it.
 KIMI = {"active_params": 32e9, "hidden_size": 7168}
@@ -33,11 +33,11 @@ DISK_WRITE_BYTES_PER_S = 2e9  # one node's local NVMe, sustained (assumed)
 
 def measure(name: str, settings: HiddenSettings, tokens: Path, target: Path) -> dict:
     data = read_set_tokens(tokens, tokens.with_name("tokens.json"), settings)
-    shape = TargetShape.from_config(read_target_config(target))
-    layers = default_aux_layers(shape.num_layers)
+    architecture = TargetArchitecture.from_dir(target)
+    layers = default_aux_layers(architecture.num_layers)
     longest = max(len(ids) for ids in data.samples)
     started = time.perf_counter()
-    with open_backend(settings.backend, target, layers, shape, longest) as backend:
+    with open_backend(settings.backend, target, layers, architecture, longest) as backend:
         backend.states(data.samples[:1])  # warm: loads the model or starts the engine
         ready = time.perf_counter()
         backend.states(data.samples)

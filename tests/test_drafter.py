@@ -50,6 +50,7 @@ from eaglepipe.drafter.train import (
 from eaglepipe.drafter.vocab import build_draft_vocab
 from eaglepipe.hidden.shards import METADATA_KEY
 from eaglepipe.io import file_sha256
+from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.chat import render_prompt_ids, stop_token_id
 from eaglepipe.target.layer_ids import (
     AuxLayerError,
@@ -57,8 +58,7 @@ from eaglepipe.target.layer_ids import (
     check_engines_agree,
     default_aux_layers,
 )
-from eaglepipe.target.load import load_target
-from eaglepipe.target.weights import read_target_config
+from eaglepipe.target.load import load_target, load_tokenizer
 
 CONVERSATIONS = [
     (
@@ -190,7 +190,7 @@ def write_hidden_set(model, tokenizer, out_dir: Path, aux_layer_ids: list[int], 
 
 @pytest.fixture(scope="module")
 def target(model_dir):
-    return load_target(model_dir)
+    return load_target(model_dir), load_tokenizer(model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +214,7 @@ def trained(manifest, model_dir, tmp_path_factory) -> tuple[Path, dict]:
 
 
 def random_drafter(model_dir: Path, aux_layer_ids: list[int], draft_vocab_size: int = 256) -> Eagle3Drafter:
-    config = Eagle3Config.from_target(read_target_config(model_dir), draft_vocab_size, aux_layer_ids)
+    config = Eagle3Config.from_target(TargetArchitecture.from_dir(model_dir), draft_vocab_size, aux_layer_ids)
     embed, _ = load_target_embeddings(model_dir)
     drafter = Eagle3Drafter(config, embed)
     counts = torch.arange(config.vocab_size).flip(0)  # lower ids more frequent
@@ -236,7 +236,7 @@ def test_draft_vocab_takes_most_frequent_ids_ties_by_id_then_fills_lowest():
 
 
 def test_config_from_target_mirrors_the_target(model_dir, aux_layer_ids):
-    config = Eagle3Config.from_target(read_target_config(model_dir), 100_000, aux_layer_ids)
+    config = Eagle3Config.from_target(TargetArchitecture.from_dir(model_dir), 100_000, aux_layer_ids)
     assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (
         576,
         9,

@@ -10,7 +10,7 @@ from eaglepipe.target.load import load_target
 
 @pytest.fixture(scope="module")
 def model(model_dir):
-    return load_target(model_dir)[0]
+    return load_target(model_dir)
 
 
 @torch.no_grad()

@@ -24,9 +24,9 @@ from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.export import load_exported
 from eaglepipe.drafter.model import DraftCache, Eagle3Drafter
 from eaglepipe.target.attention import use_grouped_sdpa
-from eaglepipe.target.chat import stop_token_id
 from eaglepipe.target.kv_cache import growing_cache
 from eaglepipe.target.load import load_target
+from eaglepipe.target.tokenizer import load_target_tokenizer
 
 PROMPT_LOOKUP_MAX_NGRAM = 3
 ENGINE = "eaglepipe draft-and-verify loop (transformers target, greedy, one draft chain)"
@@ -441,10 +441,10 @@ def _open(
     """(target, its stop id, the exported drafter on the target's device), once there is work to do."""
     if not prompts:
         raise DrafterError("no held-out prompts to evaluate: hold some prompt ids out of training")
-    target, tokenizer = load_target(target_dir, dtype=dtype, device=device)
+    target = load_target(target_dir, dtype=dtype, device=device)
     use_grouped_sdpa(target)  # the batched verify forward's mask would copy the KV cache per query group
     drafter = load_exported(drafter_dir, target_dir, dtype=dtype).to(target.device)
-    return target, stop_token_id(tokenizer), drafter
+    return target, load_target_tokenizer(target_dir).stop_id, drafter
 
 
 def _generate_all(

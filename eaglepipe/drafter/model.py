@@ -7,15 +7,14 @@ frozen `embed_tokens`, taken from the target, is not exported.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eaglepipe.drafter import DrafterError
+from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
 
 
 @dataclass(frozen=True)
@@ -37,53 +36,43 @@ class Eagle3Config:
     @classmethod
     def from_target(
         cls,
-        target_config: Mapping[str, Any] | Any,
+        target: TargetArchitecture,
         draft_vocab_size: int,
         aux_layer_ids: list[int],
         torch_dtype: str = "float32",
     ) -> Eagle3Config:
-        """The draft layer mirrors the target's geometry so it can share the target's embedding.
+        """The draft layer mirrors the target's geometry so it can share the target's embedding: its
+        hidden size, heads and head width (MLA's value head on DeepSeek/Kimi: 64 heads of 128 on
+        Kimi-K2.5, as the public Kimi drafters), MLP width and rotary base.
 
         `draft_vocab_size` is capped at the target vocabulary; `aux_layer_ids` follow the "output of
         layer i" convention of the hidden-state manifests (HF `hidden_states[i + 1]`).
         """
-        text = _text_config(target_config)
-
-        def need(key: str) -> Any:
-            if text.get(key) is None:
-                raise DrafterError(f"target config has no {key!r}: point target_dir at a causal LM directory")
-            return text[key]
-
-        hidden, heads, layers, vocab = (
-            need(k) for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
-        )
         if draft_vocab_size < 1:
             raise DrafterError(f"draft_vocab_size is {draft_vocab_size}: it must be at least 1")
         aux = tuple(aux_layer_ids)
-        if len(aux) != 3 or not all(0 <= i < layers for i in aux):
-            raise DrafterError(f"aux_layer_ids {list(aux)} must be three layer ids in 0..{layers - 1}")
-        rope = text.get("rope_parameters") or {}
-        return cls(
-            hidden_size=hidden,
-            intermediate_size=need("intermediate_size"),
-            num_attention_heads=heads,
-            num_key_value_heads=text.get("num_key_value_heads") or heads,
-            head_dim=text.get("head_dim") or hidden // heads,
-            rms_norm_eps=float(need("rms_norm_eps")),
-            rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
-            max_position_embeddings=need("max_position_embeddings"),
-            vocab_size=vocab,
-            draft_vocab_size=min(draft_vocab_size, vocab),
-            target_hidden_size=hidden,
-            aux_layer_ids=aux,
-            torch_dtype=torch_dtype,
-        )
-
-
-def _text_config(target_config: Mapping[str, Any] | Any) -> dict[str, Any]:
-    """Multimodal targets (Kimi-K2.5) nest the language model's settings under `text_config`."""
-    as_dict = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
-    return as_dict.get("text_config") or as_dict
+        if len(aux) != 3 or not all(0 <= i < target.num_layers for i in aux):
+            raise DrafterError(
+                f"aux_layer_ids {list(aux)} must be three layer ids in 0..{target.num_layers - 1}"
+            )
+        try:
+            return cls(
+                hidden_size=target.hidden_size,
+                intermediate_size=target.intermediate_size,
+                num_attention_heads=target.num_attention_heads,
+                num_key_value_heads=target.num_key_value_heads,
+                head_dim=target.attention_head_dim,
+                rms_norm_eps=target.rms_norm_eps,
+                rope_theta=target.rope_theta,
+                max_position_embeddings=target.max_position_embeddings,
+                vocab_size=target.vocab_size,
+                draft_vocab_size=min(draft_vocab_size, target.vocab_size),
+                target_hidden_size=target.hidden_size,
+                aux_layer_ids=aux,
+                torch_dtype=torch_dtype,
+            )
+        except TargetConfigError as err:
+            raise DrafterError(str(err)) from None
 
 
 class RMSNorm(nn.Module):

@@ -38,8 +38,8 @@ from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.vocab import build_draft_vocab
 from eaglepipe.io import file_sha256, write_json
 from eaglepipe.progress import StepProgress
+from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import check_engines_agree
-from eaglepipe.target.weights import read_target_config
 
 STEP_WEIGHT = 0.8  # loss weight of unroll step i is STEP_WEIGHT ** i
 LOSS_CURVE_POINTS = 20
@@ -119,10 +119,8 @@ def train_drafter(
             f"no training samples in {[str(m) for m in manifests]} after holding out "
             f"{len(data.held_out)}: generate more or hold out fewer"
         )
-    target_config = read_target_config(target_dir)
-    config = Eagle3Config.from_target(
-        target_config, settings.draft_vocab_size, data.aux_layer_ids, settings.dtype
-    )
+    target = TargetArchitecture.from_dir(target_dir)
+    config = Eagle3Config.from_target(target, settings.draft_vocab_size, data.aux_layer_ids, settings.dtype)
     check_engines_agree(config.aux_layer_ids)  # before training, not after
     if data.hidden_size != config.target_hidden_size:
         raise DrafterError(
@@ -148,7 +146,7 @@ def train_drafter(
     batches = make_batches(mixed, settings.batch_tokens, settings.max_seq_len)
     manifest_shas = [file_sha256(Path(m)) for m in manifests]
     shaping = {**dataclasses.asdict(settings), "data_parallel_ranks": DataParallel.current().size}
-    fingerprint = training_fingerprint(manifest_shas, holdout_ids, target_config, shaping)
+    fingerprint = training_fingerprint(manifest_shas, holdout_ids, target.config, shaping)
     checkpoints = Checkpoints(checkpoint_dir, settings.checkpoint_every, fingerprint)
     snapshots = Snapshots(snapshot_dir, checkpoint_dir, settings.curve_points, fingerprint)
     fit_started = time.perf_counter()

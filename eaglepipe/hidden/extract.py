@@ -21,11 +21,11 @@ from torch import Tensor
 
 from eaglepipe.hidden import HiddenError
 from eaglepipe.hidden.backends import (
+    ENGINE_BACKENDS,
     STORED,
     BackendSettings,
     CapturedStates,
     StateBackend,
-    TargetShape,
     open_backend,
 )
 from eaglepipe.hidden.shards import (
@@ -40,8 +40,8 @@ from eaglepipe.hidden.shards import (
 from eaglepipe.hidden.storage import bytes_per_token, check_free_disk, select_rows
 from eaglepipe.io import file_sha256, write_json
 from eaglepipe.progress import StepProgress
+from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import check_aux_layers, default_aux_layers
-from eaglepipe.target.weights import read_target_config
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +121,12 @@ def extract_hidden(
 ) -> dict[str, Any]:
     """Write (or reuse) every shard of one prompt set, then the manifest `hidden.done`. The row order's
     prompt ids come from the token stage's `tokens.json` (`token_stats_path`)."""
-    shape = TargetShape.from_config(read_target_config(target_dir))
-    layers = (
-        list(settings.aux_layers) if settings.aux_layers is not None else default_aux_layers(shape.num_layers)
-    )
-    check_aux_layers(layers, shape.num_layers)
+    target = TargetArchitecture.from_dir(target_dir)
+    if settings.backend.name in ENGINE_BACKENDS:
+        target.check_engines_agree()
+    default = default_aux_layers(target.num_layers)
+    layers = list(settings.aux_layers) if settings.aux_layers is not None else default
+    check_aux_layers(layers, target.num_layers)
     data = read_set_tokens(tokens_path, token_stats_path, settings)
     if not data.samples:
         raise HiddenError(
@@ -161,17 +162,24 @@ def extract_hidden(
         missing_tokens,
     )
     check_free_disk(
-        shard_dir, missing_tokens * bytes_per_token(shape.hidden_size, settings.dtype), settings.keep_free_gb
+        shard_dir, missing_tokens * bytes_per_token(target.hidden_size, settings.dtype), settings.keep_free_gb
     )
 
     started = time.monotonic()
     if missing:
         progress = StepProgress(log, f"{manifest_path}: hidden states", missing_tokens, unit="tokens")
         longest = max(len(ids) for p in missing for ids in data.samples[p.first : p.last])
-        with open_backend(settings.backend, target_dir, layers, shape, longest) as backend:
+        with open_backend(settings.backend, target_dir, layers, target, longest) as backend:
             for plan in missing:
                 entries[plan.index] = _compute_shard(
-                    backend, data, plan, shard_dir, keys[plan.index], layers, settings.dtype, shape
+                    backend,
+                    data,
+                    plan,
+                    shard_dir,
+                    keys[plan.index],
+                    layers,
+                    settings.dtype,
+                    target.hidden_size,
                 )
                 tokens = offsets[plan.last] - offsets[plan.first]
                 progress.advance(tokens, tokens)
@@ -202,7 +210,7 @@ def extract_hidden(
         "final_norm": "after",
         "backend": settings.backend.name,
         "stored": STORED[settings.backend.name],
-        "hidden_size": shape.hidden_size,
+        "hidden_size": target.hidden_size,
         "dtype": settings.dtype,
         "model": identity,
         "tokens_sha256": file_sha256(tokens_path),
@@ -219,7 +227,7 @@ def _compute_shard(
     key: str,
     layers: list[int],
     dtype: str,
-    shape: TargetShape,
+    hidden_size: int,
 ) -> dict[str, Any]:
     samples = data.samples[plan.first : plan.last]
     prompt_ids = data.prompt_ids[plan.first : plan.last]
@@ -230,7 +238,7 @@ def _compute_shard(
             f"{len(samples)} samples: check the engine version against the pinned one"
         )
     for prompt_id, ids, states in zip(prompt_ids, samples, captured, strict=True):
-        check_agreement(prompt_id, ids, states, shape.hidden_size)
+        check_agreement(prompt_id, ids, states, hidden_size)
     aux = torch.cat([states.aux for states in captured])
     final = torch.cat([states.final for states in captured])
     entry = write_shard(

@@ -24,6 +24,7 @@ from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.openrouter.journal import tally_done
 from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import dearest_price
+from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
 
 if TYPE_CHECKING:
     from eaglepipe.target.chat_format import ChatFormat
@@ -190,12 +191,11 @@ def configured_prices(config: dict[str, Any]) -> Prices | None:
 
 
 def target_hidden_size(target_dir: Path) -> int | None:
-    """From config.json; multimodal targets (Kimi-K2.5) nest the language model's under `text_config`."""
+    """From the target's config.json, once it is there (`architecture.TargetArchitecture`)."""
     try:
-        config = json.loads((Path(target_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+        return TargetArchitecture.from_dir(target_dir).hidden_size
+    except TargetConfigError:
         return None
-    return config.get("text_config", config).get("hidden_size")
 
 
 def shard_bytes_per_token(hidden_size: int | None, dtype: str) -> int | None:

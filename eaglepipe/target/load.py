@@ -1,9 +1,14 @@
-"""Loading the target model and tokenizer for the CPU/GPU stages."""
+"""Loading the target's language model for the CPU/GPU stages."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from eaglepipe.target.architecture import TargetArchitecture
+
+# A nested text config's model type as the checkpoint spells it -> transformers' class for it.
+TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
 
 
 def flush_denormals() -> None:
@@ -16,23 +21,32 @@ def flush_denormals() -> None:
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:
+    """The directory's Hugging Face tokenizer (targets without Kimi's `tiktoken.model`)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def load_target(model_dir: str | Path, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer). `device="auto"` spreads a large target over all GPUs."""
+def load_target(model_dir: str | Path, dtype: str = "float32", device: str = "cpu") -> Any:
+    """The target's causal LM in eval mode. A nested target (Kimi-K2.5) loads its language model alone,
+    from the `language_model.` tensors, without building its vision tower. `device="auto"` spreads a large
+    target over all GPUs."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     flush_denormals()
-
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    target = TargetArchitecture.from_dir(model_dir)
+    if target.nested:
+        text = dict(target.text)
+        model_type = TEXT_MODEL_TYPES.get(target.text_model_type, target.text_model_type)
+        text.pop("model_type", None)
+        kwargs["config"] = AutoConfig.for_model(model_type, **text)
+        kwargs["key_mapping"] = {f"^{target.weight_prefix.replace('.', '[.]')}": ""}
     if device == "auto":
         kwargs["device_map"] = "auto"
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
     if device != "auto":
         model.to(device)
     model.eval()
-    return model, load_tokenizer(model_dir)
+    return model

@@ -11,33 +11,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from eaglepipe.target.architecture import TargetArchitecture
+
 BACKENDS = ("hf", "sglang", "vllm")
-
-
-@dataclass(frozen=True)
-class TargetShape:
-    """What the backends need to know of the target, from its config.json."""
-
-    num_layers: int
-    hidden_size: int
-    model_type: str
-    rms_norm_eps: float
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> TargetShape:
-        from eaglepipe.target.weights import text_config
-
-        text = text_config(config)
-        return cls(
-            num_layers=text["num_hidden_layers"],
-            hidden_size=text["hidden_size"],
-            model_type=text.get("model_type", config.get("model_type", "")),
-            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-        )
+# Backends that hand the target to a serving engine, which reads its config its own way.
+ENGINE_BACKENDS = ("sglang", "vllm")
 
 
 @dataclass
@@ -105,7 +88,7 @@ def open_backend(
     settings: BackendSettings,
     target_dir: Path,
     aux_layers: list[int],
-    shape: TargetShape,
+    target: TargetArchitecture,
     longest_sample: int,
 ) -> Iterator[StateBackend]:
     """The backend, with its engine started once for the whole job (sized for `longest_sample` tokens) and
@@ -117,12 +100,12 @@ def open_backend(
     elif settings.name == "vllm":
         from eaglepipe.hidden.backends.vllm import VLLMBackend
 
-        with VLLMBackend(settings, target_dir, aux_layers, shape, longest_sample) as backend:
+        with VLLMBackend(settings, target_dir, aux_layers, target, longest_sample) as backend:
             yield backend
     elif settings.name == "sglang":
         from eaglepipe.hidden.backends.sglang import SGLangBackend
 
-        with SGLangBackend(settings, target_dir, aux_layers, shape, longest_sample) as backend:
+        with SGLangBackend(settings, target_dir, aux_layers, target, longest_sample) as backend:
             yield backend
     else:
         raise ValueError(f"config key 'hidden.backend' = {settings.name!r}: choose one of {BACKENDS}")

@@ -27,7 +27,7 @@ class HFBackend:
     @property
     def decoder(self) -> torch.nn.Module:
         if self._decoder is None:  # loaded on first use: a job whose shards all exist never loads it
-            model = load_target(self.target_dir, self.settings.compute_dtype, self.settings.device)[0]
+            model = load_target(self.target_dir, self.settings.compute_dtype, self.settings.device)
             self._decoder = decoder_of(model)
         return self._decoder
 

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 from eaglepipe.hidden import HiddenError
-from eaglepipe.hidden.backends import BackendSettings, TargetShape
+from eaglepipe.hidden.backends import BackendSettings
 from eaglepipe.hidden.backends.engine_process import EngineBackend, EngineProcess
+from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import sglang_capture_ids
 
 
@@ -27,7 +28,7 @@ class SGLangBackend(EngineBackend):
         settings: BackendSettings,
         target_dir: Path,
         aux_layers: list[int],
-        shape: TargetShape,
+        target: TargetArchitecture,
         longest_sample: int,
     ) -> None:
         if settings.gpus < 1:
@@ -57,6 +58,6 @@ class SGLangBackend(EngineBackend):
                 "--memory-fraction",
                 str(settings.engine_memory_fraction),
                 "--hidden-size",
-                str(shape.hidden_size),
+                str(target.hidden_size),
             ],
         )

@@ -16,12 +16,11 @@ import torch
 from torch import Tensor
 
 from eaglepipe.hidden import HiddenError
-from eaglepipe.hidden.backends import BackendSettings, TargetShape
+from eaglepipe.hidden.backends import BackendSettings
 from eaglepipe.hidden.backends.engine_process import EngineBackend, EngineProcess
+from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import vllm_capture_ids
-from eaglepipe.target.weights import read_named_tensor
-
-FINAL_NORM = "model.norm.weight"  # Kimi-K2.5: language_model.model.norm.weight
+from eaglepipe.target.weights import read_tensor
 
 
 def rms_norm(states: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -36,14 +35,14 @@ class VLLMBackend(EngineBackend):
         settings: BackendSettings,
         target_dir: Path,
         aux_layers: list[int],
-        shape: TargetShape,
+        target: TargetArchitecture,
         longest_sample: int,
     ) -> None:
-        self.shape = shape
-        capture_ids = vllm_capture_ids(aux_layers, shape.num_layers)
+        self.target = target
+        capture_ids = vllm_capture_ids(aux_layers, target.num_layers)
         if capture_ids != sorted(capture_ids):  # vLLM stores the layers in ascending id order
             raise HiddenError(f"config key 'hidden.aux_layers' = {aux_layers}: list them in increasing order")
-        self.norm_weight = read_named_tensor(Path(target_dir), FINAL_NORM)
+        self.norm_weight = read_tensor(Path(target_dir), target.final_norm_weight)
         gpus = settings.gpus
         self.engine = EngineProcess(
             "vllm",
@@ -67,7 +66,11 @@ class VLLMBackend(EngineBackend):
             ],
         )
         self.engine.arguments += ["--storage", str(self.engine.scratch / "vllm")]
+        if target.text_only:
+            self.engine.arguments.append("--language-model-only")
+        if target.uses_mla:
+            self.engine.arguments.append("--mla")
 
     def final_state(self, last: Tensor) -> Tensor:
         """vLLM's last layer is before the final norm; the stored `final` is after it."""
-        return rms_norm(last, self.norm_weight, self.shape.rms_norm_eps)
+        return rms_norm(last, self.norm_weight, self.target.rms_norm_eps)
