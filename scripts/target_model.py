@@ -1,9 +1,11 @@
-"""Snakemake adapter: build the embedded target's HF directory from its packaged GGUF file."""
+"""Snakemake adapter: build the embedded target `params.embedded` at `output.model`."""
 
 from pathlib import Path
 
 from eaglepipe.jobs import snakemake_job
-from eaglepipe.target.convert import EMBEDDED_GGUF, convert_gguf, packaged_gguf
+from eaglepipe.target.convert import build_embedded_target
 
 with snakemake_job(snakemake):
-    convert_gguf(packaged_gguf(*EMBEDDED_GGUF), Path(snakemake.output.model))
+    build_embedded_target(
+        snakemake.params.embedded, Path(snakemake.output.model), list(map(Path, snakemake.input.teacher))
+    )

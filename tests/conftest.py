@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,13 @@ import pytest
 
 from eaglepipe.target.convert import EMBEDDED_GGUF, convert_gguf, packaged_gguf
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
+from eaglepipe.target.tiny import (
+    TEACHER_FILES,
+    TINY_TARGETS,
+    is_current,
+    trained_text_model,
+    write_tiny_target,
+)
 from eaglepipe.target.tokenizer import load_target_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,6 +29,25 @@ def model_dir() -> Path:
     if not (EMBEDDED_MODEL_DIR / "model.safetensors").is_file():
         convert_gguf(packaged_gguf(*EMBEDDED_GGUF), EMBEDDED_MODEL_DIR)
     return EMBEDDED_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_targets() -> dict[str, Path]:
+    """The tiny Kimi-K2.5 and DeepSeek-V3 (eaglepipe/target/tiny.py), trained once (two to four minutes) for
+    both and kept where the pipeline's `target_model` rule puts them; under a lock, so xdist workers and
+    a running pipeline do not build them twice."""
+    teacher = [REPO / path for path in TEACHER_FILES]
+    directories = {name: REPO / "resources" / "models" / name for name in TINY_TARGETS}
+    lock_path = REPO / "resources" / "models" / ".tiny-targets.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stale = [name for name, directory in directories.items() if not is_current(name, directory, teacher)]
+        if stale:
+            state, fingerprint = trained_text_model(teacher)
+            for name in stale:
+                write_tiny_target(name, directories[name], state, fingerprint)
+    return directories
 
 
 @pytest.fixture(scope="session")

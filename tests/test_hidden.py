@@ -17,14 +17,14 @@ from safetensors.torch import load_file, save_file
 
 from eaglepipe.drafter.data import load_samples, open_hidden_data
 from eaglepipe.hidden import HiddenError
-from eaglepipe.hidden.backends import BackendSettings, CapturedStates, TargetShape
+from eaglepipe.hidden.backends import BackendSettings, CapturedStates
 from eaglepipe.hidden.backends.hf import HFBackend
 from eaglepipe.hidden.extract import HiddenSettings, check_agreement, extract_hidden
 from eaglepipe.hidden.shards import decode_states, encode_states, plan_shards, read_shard_metadata
 from eaglepipe.hidden.storage import select_rows
+from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import AuxLayerError, default_aux_layers
 from eaglepipe.target.load import load_target
-from eaglepipe.target.weights import read_target_config
 
 ROWS = [[1, 504, 2177, 288, 1345, 30, 2], [1, 9226, 17, 2], [1, 1345, 314, 253, 1565, 28, 30, 2, 7, 9]]
 
@@ -83,7 +83,7 @@ def test_states_match_a_single_unbatched_forward(tmp_path, model_dir, token_file
     assert manifest["aux_layer_ids"] == [1, 14, 26] and manifest["hidden_size"] == 576
     assert manifest["layer_convention"] == "output" and manifest["final_norm"] == "after"
     assert manifest["backend"] == "hf" and "hidden_states[i + 1]" in manifest["stored"]["aux"]
-    model, _ = load_target(model_dir)
+    model = load_target(model_dir)
     assert manifest["shards"][0]["path"] == "hidden/shard-00000.safetensors"
     first = load_file(str(tmp_path / manifest["shards"][0]["path"]))
     with torch.no_grad():
@@ -104,7 +104,7 @@ def test_aux_layers_equal_output_hidden_states_exactly_unbatched(tmp_path, model
     token_path = write_tokens(tmp_path, ROWS[2:])
     extract(token_path, model_dir, tmp_path, batch_tokens=1)
     shard = load_file(str(tmp_path / "hidden" / "shard-00000.safetensors"))
-    model, _ = load_target(model_dir)
+    model = load_target(model_dir)
     with torch.no_grad():
         states = model(torch.tensor(ROWS[2:]), output_hidden_states=True).hidden_states
     assert torch.equal(shard["aux"], torch.cat([states[i + 1][0] for i in (1, 14, 26)], dim=-1))
@@ -255,8 +255,8 @@ def test_a_disk_too_small_stops_the_job_before_it_computes(tmp_path, model_dir, 
 
 
 def test_the_target_shape_comes_from_the_nested_text_config(model_dir):
-    flat = TargetShape.from_config(read_target_config(model_dir))
+    flat = TargetArchitecture.from_dir(model_dir)
     assert (flat.num_layers, flat.hidden_size) == (30, 576)
-    kimi = TargetShape.from_config({"model_type": "kimi_k25", "text_config": {
+    kimi = TargetArchitecture.from_config({"model_type": "kimi_k25", "text_config": {
         "model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168, "rms_norm_eps": 1e-6}})
-    assert (kimi.num_layers, kimi.hidden_size, kimi.model_type) == (61, 7168, "deepseek_v3")
+    assert (kimi.num_layers, kimi.hidden_size, kimi.text_model_type) == (61, 7168, "deepseek_v3")

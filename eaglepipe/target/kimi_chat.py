@@ -177,3 +177,8 @@ def call_arguments(call: dict[str, Any], where: str) -> str:
         raise KimiChatError(f"{where}: a tool call needs a 'function' object with 'name' and 'arguments'")
     arguments = function.get("arguments")
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def tool_history(messages: list[Message]) -> int:
+    """Tool calls already made in the conversation: Kimi numbers the next call's id from here."""
+    return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_tools import ToolFormat
 from eaglepipe.target.segments import RenderError, Special
 from eaglepipe.tokens.candidates import PieceCache, Selection, Variant, select, shape_of
@@ -20,7 +21,7 @@ from eaglepipe.tokens.normalize import unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT
 from eaglepipe.tokens.profile import EngineProfile, Evidence, ProviderPin, decide_profile
 from eaglepipe.tokens.reply import Reply, parse_reply
-from eaglepipe.tokens.target import Target, tool_history
+from eaglepipe.tokens.target import Target
 from eaglepipe.tokens.validate import structure_problem
 
 # Replies each bills probe (stop billing, reasoning end) reads per provider; readings that fit the bill.

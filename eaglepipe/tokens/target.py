@@ -6,12 +6,10 @@ Everything that differs between the families (Kimi-K2.5's `reasoning </think> co
 
 from __future__ import annotations
 
-from typing import Any
-
 from eaglepipe.target.chat_format import ChatFormat, Layout
 from eaglepipe.target.tokenizer import TargetTokenizer
 
-__all__ = ["Layout", "Target", "tool_history"]
+__all__ = ["Layout", "Target"]
 
 
 class Target:
@@ -27,8 +25,3 @@ class Target:
         self.prompt_ids = self.format.prompt_ids
         self.special_positions = self.format.special_positions
         self.generation_prompt = self.format.generation_prompt
-
-
-def tool_history(messages: list[dict[str, Any]]) -> int:
-    """Tool calls already made in the conversation: Kimi numbers the next call's id from here."""
-    return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
