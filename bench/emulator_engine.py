@@ -18,7 +18,8 @@ from pathlib import Path
 from eaglepipe.emulator import engine as engine_module
 from eaglepipe.emulator.backend import GenerationRequest
 from eaglepipe.emulator.engine import Engine
-from eaglepipe.target.load import load_target
+from eaglepipe.target.chat import stop_token_id
+from eaglepipe.target.load import load_target, load_tokenizer
 
 
 def main() -> None:
@@ -28,7 +29,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    model, tokenizer = load_target(args.target)
+    model, tokenizer = load_target(args.target), load_tokenizer(args.target)
     rng = random.Random(0)
     prompts = [
         [rng.randrange(100, 20000) for _ in range(rng.randrange(40, 160))] for _ in range(args.requests)
@@ -48,7 +49,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, make_cache in caches.items():
             engine_module.as_growing = make_cache
-            engine = Engine(model, tokenizer, max_batch=args.requests)
+            engine = Engine(model, stop_token_id(tokenizer), tokenizer.pad_token_id, max_batch=args.requests)
             engine.start()
             started = time.perf_counter()
             tokens[name] = asyncio.run(answer_all(engine))

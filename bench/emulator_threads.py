@@ -24,7 +24,7 @@ from eaglepipe.target.load import load_target
 def decode_seconds(target: Path, threads: int, rows: int, prompt: int, steps: int, start: object) -> float:
     """Seconds of `steps` decode steps of `rows` rows after a `prompt`-token prefill (not timed)."""
     torch.set_num_threads(threads)
-    model, _ = load_target(target)
+    model = load_target(target)
     ids = torch.randint(100, 20000, (rows, prompt), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)

@@ -7,21 +7,21 @@ import asyncio
 import pytest
 
 from eaglepipe.emulator.engine import Engine, EngineError, GenerationRequest
-from eaglepipe.target.chat import render_prompt_ids
-from eaglepipe.target.load import load_target
+from eaglepipe.target.chat import render_prompt_ids, stop_token_id
+from eaglepipe.target.load import load_target, load_tokenizer
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def loaded(model_dir):
-    return load_target(model_dir)
+    return load_target(model_dir), load_tokenizer(model_dir)
 
 
 @pytest.fixture
 def engine(loaded):
     model, tokenizer = loaded
-    engine = Engine(model, tokenizer, max_batch=4, gather_s=0.05)
+    engine = Engine(model, stop_token_id(tokenizer), tokenizer.pad_token_id, max_batch=4, gather_s=0.05)
     engine.start()
     yield engine
     engine.close()
@@ -90,7 +90,8 @@ def test_logprobs_are_normalised_and_ranked(engine, loaded):
 
 
 def test_a_closed_engine_refuses_work(loaded):
-    engine = Engine(*loaded)
+    model, tokenizer = loaded
+    engine = Engine(model, stop_token_id(tokenizer), tokenizer.pad_token_id)
     engine.start()
     engine.close()
     with pytest.raises(EngineError, match="shutting down"):

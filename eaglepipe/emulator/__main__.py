@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import resource
 import signal
@@ -29,6 +28,8 @@ from eaglepipe.emulator.faults import load_faults
 from eaglepipe.emulator.providers import ReplyHabits, load_endpoints
 from eaglepipe.emulator.text_like import SERVED_SWITCHES, SWITCHES
 from eaglepipe.io import atomic_write
+from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
+from eaglepipe.target.tokenizer import has_kimi_tokenizer, load_target_tokenizer
 
 log = logging.getLogger("eaglepipe.emulator")
 
@@ -211,27 +212,37 @@ async def _serve(app: object, sock: socket.socket, host: str, port_file: Path | 
 
 def _context_length(model_dir: Path) -> int:
     try:
-        config = json.loads((model_dir / "config.json").read_text())
-        return int(config["max_position_embeddings"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise EmulatorError(
-            f"{model_dir}: no readable config.json with max_position_embeddings; "
-            "pass --model-dir a Hugging Face model directory"
-        ) from None
+        return TargetArchitecture.from_dir(model_dir).max_position_embeddings
+    except TargetConfigError as err:
+        raise EmulatorError(f"{err}; pass --model-dir a Hugging Face model directory") from None
 
 
-def _model_backend(args: argparse.Namespace) -> tuple[TokenEngine, TokenText]:
-    """The real model: imported here, so that synthetic mode never loads torch or transformers."""
+def _model_backend(args: argparse.Namespace) -> tuple[TokenEngine, PromptText, ReplyShape]:
+    """The real model: imported here, so that synthetic mode never loads torch or transformers. A model in
+    Kimi-K2.5's layout answers with reasoning and tool calls as each endpoint's habits say (kimi_model.py);
+    any other answers plain text, as `--text-like` says."""
     import torch
 
     from eaglepipe.emulator.engine import Engine
-    from eaglepipe.emulator.text import TokenizerText
-    from eaglepipe.target.load import load_target
+    from eaglepipe.target.load import load_target, load_tokenizer
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_target(args.model_dir)
-    text_like = SWITCHES[args.text_like or "exact"]
-    return Engine(model, tokenizer, max_batch=args.max_batch), TokenizerText(tokenizer, text_like)
+    model = load_target(args.model_dir)
+    pad_id = TargetArchitecture.from_dir(args.model_dir).pad_token_id
+    if has_kimi_tokenizer(args.model_dir):
+        from eaglepipe.emulator.kimi_model import KimiModelReplies, KimiModelText
+
+        text = KimiModelText(load_target_tokenizer(args.model_dir))
+        engine = Engine(model, text.tokenizer.stop_id, pad_id, max_batch=args.max_batch)
+        return engine, text, KimiModelReplies(text)
+    from eaglepipe.emulator.backend import TextReplies
+    from eaglepipe.emulator.text import TokenizerText
+
+    tokenizer = load_tokenizer(args.model_dir)
+    plain = TokenizerText(tokenizer, SWITCHES[args.text_like or "exact"])
+    stop_id = plain.target.stop_id
+    engine = Engine(model, stop_id, tokenizer.pad_token_id, max_batch=args.max_batch)
+    return engine, plain, TextReplies(plain)
 
 
 def _synthetic_backend(args: argparse.Namespace) -> tuple[TokenEngine, TokenText]:
@@ -267,20 +278,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         context_length = args.context_length if args.synthetic else _context_length(args.model_dir)
         endpoints = load_endpoints(args.config, args.model_id, context_length)
         replies: ReplyShape | None = None
+        kimi_model = args.model_dir is not None and has_kimi_tokenizer(args.model_dir)
+        if kimi_model and args.text_like is not None:
+            endpoints = [e.with_text_like(args.text_like) for e in endpoints]
         if args.kimi_corpus is not None:
             engine, text, replies = _kimi_backend(args)
-        elif habits := [e.tag for e in endpoints if e.habits != ReplyHabits()]:
+        elif not kimi_model and (habits := [e.tag for e in endpoints if e.habits != ReplyHabits()]):
             raise EmulatorError(
-                f"{args.config}: endpoint {habits[0]} sets `habits`, which only Kimi mode applies "
-                "(--synthetic --kimi-corpus DIR); remove them or serve the Kimi corpus"
+                f"{args.config}: endpoint {habits[0]} sets `habits`, which only a Kimi-layout target applies "
+                "(--synthetic --kimi-corpus DIR, or --model-dir with Kimi's tokenizer files)"
             )
         sock = _bind(args.host, args.port)
     except EmulatorError as exc:
         print(f"emulator: {exc}", file=sys.stderr)
         return 2
     _allow_many_connections()
-    if replies is None:
-        engine, text = _synthetic_backend(args) if args.synthetic else _model_backend(args)
+    if args.synthetic and replies is None:
+        engine, text = _synthetic_backend(args)
+    elif replies is None:
+        engine, text, replies = _model_backend(args)
     emulator = Emulator(
         engine,
         text,

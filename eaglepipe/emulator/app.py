@@ -46,6 +46,7 @@ from eaglepipe.emulator.errors import ApiError
 from eaglepipe.emulator.faults import NO_FAULT, FaultPlan, FaultRule
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.routing import route, slug_matches
+from eaglepipe.target.kimi_chat import tool_history
 
 log = logging.getLogger(__name__)
 
@@ -497,7 +498,7 @@ class Emulator:
         self.ledger.check_credit()
         self.ledger.check_key_limit()
         try:
-            prompt_ids = self.text.prompt_ids(chat.messages, chat.tools)
+            prompt_ids = self.text.prompt_ids(chat.messages, chat.tools, thinking=chat.thinking)
         except ApiError:  # the text side's own answer (Kimi mode: a conversation it has no answer for)
             raise
         except Exception as exc:  # a template error on odd messages is the client's to fix
@@ -596,6 +597,8 @@ class Emulator:
             prompt_ids=generation.prompt_ids,
             stop_id=self.engine.stop_id,
             streamed=chat.stream,
+            thinking=chat.thinking,
+            tool_history=tool_history(chat.messages),
         )
         headers = {"X-Generation-Id": completion.id}
         completion.reports_usage = fault.kind != "no_usage"

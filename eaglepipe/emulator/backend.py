@@ -71,9 +71,12 @@ class Decoder(Protocol):
 
 
 class PromptText(Protocol):
-    """Messages to prompt ids, and a token's bytes (for logprobs): what the app itself asks of a text side."""
+    """Messages to prompt ids, and a token's bytes (for logprobs): what the app itself asks of a text side.
+    `thinking`: the request leaves reasoning on (a target that cannot reason ignores it)."""
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]: ...
+    def prompt_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+    ) -> list[int]: ...
 
     def token_bytes(self, token_id: int) -> bytes: ...
 

@@ -98,6 +98,13 @@ class ChatRequest:
     stream: bool
     return_token_ids: bool
     parameters: frozenset[str]
+    reasoning: dict[str, Any] | None = None
+
+    @property
+    def thinking(self) -> bool:
+        """Reasoning is on unless the request turns it off (Kimi-K2.5's providers think by default)."""
+        reasoning = self.reasoning or {}
+        return reasoning.get("enabled") is not False and reasoning.get("effort") != "none"
 
     def sampling_on(self, endpoint: Endpoint) -> dict[str, Any]:
         """The sampling settings this endpoint applies: a parameter it does not list is ignored."""
@@ -149,4 +156,5 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stream=_flag(body, "stream"),
         return_token_ids=_flag(body, "return_token_ids"),
         parameters=frozenset(parameters),
+        reasoning=body.get("reasoning"),
     )

@@ -26,7 +26,8 @@ class Completion:
     provider returned tool calls, so a stop is reported as `tool_calls`; `reasoning_tokens`: how many of
     the ids were reasoning, as usage reports it (Kimi mode; 0 for plain text). `reports_usage` and
     `reports_cost` off leave the answer without usage or with `cost: null` (injected faults); the bill and
-    `/generation` are unchanged.
+    `/generation` are unchanged. `thinking` and `tool_history` (the calls made earlier in the conversation)
+    are what a Kimi-layout reply shape needs to split the ids as the provider's parser would.
     """
 
     model_id: str
@@ -34,6 +35,8 @@ class Completion:
     prompt_ids: list[int]
     stop_id: int
     streamed: bool
+    thinking: bool = False
+    tool_history: int = 0
     id: str = field(default_factory=new_generation_id)
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from eaglepipe.emulator.backend import EngineError, GeneratedToken, GenerationRequest
-from eaglepipe.target.chat import stop_token_id
 from eaglepipe.target.kv_cache import as_growing
 
 log = logging.getLogger(__name__)
@@ -58,10 +57,12 @@ class Engine:
 
     cancellable = True  # a client that goes away frees its row; it is billed for what it received
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 16, gather_s: float = 0.005) -> None:
+    def __init__(
+        self, model: Any, stop_id: int, pad_id: int | None, *, max_batch: int = 16, gather_s: float = 0.005
+    ) -> None:
         self.model = model
-        self.stop_id = stop_token_id(tokenizer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_id
+        self.stop_id = stop_id
+        self.pad_id = pad_id if pad_id is not None else stop_id
         self.max_batch = max_batch
         self.gather_s = gather_s
         self.batches = 0

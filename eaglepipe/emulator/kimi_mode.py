@@ -98,7 +98,9 @@ class KimiText:
     def __init__(self, corpus: KimiCorpus) -> None:
         self.corpus = corpus
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+    ) -> list[int]:
         """The sample's prompt, rendered as a thinking turn or else as an instant one."""
         for thinking in (True, False):
             ids = rendered_prompt(self.corpus.format, messages, tools, thinking)
@@ -147,12 +149,19 @@ class KimiEngine:
 
 
 def provider_reply(
-    tokenizer: TargetTokenizer, sample: TrueSample, ids: list[int], stopped: bool, habits: ReplyHabits
+    tokenizer: TargetTokenizer,
+    ids: list[int],
+    stopped: bool,
+    habits: ReplyHabits,
+    *,
+    thinking: bool,
+    tool_history: int,
 ) -> EngineReply:
-    """What a provider with these habits returns for `ids` of the sample's answer."""
+    """What a provider with these habits returns for answer ids `ids` (`tool_history`: the calls the
+    conversation made before, from which Kimi numbers the next call's id)."""
     switch = SWITCHES[habits.text_like]
     reply = engine_reply(
-        tokenizer, ids, switch, stopped=stopped, thinking=sample.thinking, tool_history=sample.tool_history
+        tokenizer, ids, switch, stopped=stopped, thinking=thinking, tool_history=tool_history
     )
     content = reply.content
     if habits.tool_parser == "drops_text" and reply.tool_calls:
@@ -163,6 +172,14 @@ def provider_reply(
             content += text[cut:]
     calls = [{**call, "id": _call_id(habits, call, n)} for n, call in enumerate(reply.tool_calls)]
     return replace(reply, content=content, tool_calls=calls)
+
+
+def _sample_reply(
+    tokenizer: TargetTokenizer, sample: TrueSample, ids: list[int], stopped: bool, habits: ReplyHabits
+) -> EngineReply:
+    return provider_reply(
+        tokenizer, ids, stopped, habits, thinking=sample.thinking, tool_history=sample.tool_history
+    )
 
 
 def _call_id(habits: ReplyHabits, call: dict[str, Any], position: int) -> str:
@@ -181,26 +198,53 @@ def _pieces(text: str) -> list[str]:
     return [text[i : i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)]
 
 
+def reasoning_delta(piece: str, habits: ReplyHabits) -> dict[str, Any]:
+    delta: dict[str, Any] = {"content": "", "reasoning_details": [_reasoning_detail(piece)]}
+    if habits.reasoning_field == "reasoning":
+        delta["reasoning"] = piece
+    return delta
+
+
+def call_deltas(position: int, call: dict[str, Any], habits: ReplyHabits) -> list[dict[str, Any]]:
+    """One call's deltas: its id, type and name, then its arguments in pieces."""
+    index = 0 if habits.tool_index == "zero" else position
+    function = call["function"]
+    header = {"index": index, "id": call["id"], "type": "function"}
+    deltas = [{"tool_calls": [{**header, "function": {"name": function["name"], "arguments": ""}}]}]
+    return deltas + [
+        {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+        for piece in _pieces(function["arguments"])
+    ]
+
+
 def stream_deltas(reply: EngineReply, habits: ReplyHabits) -> list[dict[str, Any]]:
     """The reply as stream deltas: reasoning, then content, then each call (id and name, then its
     arguments in pieces)."""
-    deltas: list[dict[str, Any]] = []
-    for piece in _pieces(reply.reasoning or ""):
-        delta: dict[str, Any] = {"content": "", "reasoning_details": [_reasoning_detail(piece)]}
-        if habits.reasoning_field == "reasoning":
-            delta["reasoning"] = piece
-        deltas.append(delta)
+    deltas = [reasoning_delta(piece, habits) for piece in _pieces(reply.reasoning or "")]
     deltas += [{"content": piece} for piece in _pieces(reply.content)]
     for position, call in enumerate(reply.tool_calls):
-        index = 0 if habits.tool_index == "zero" else position
-        function = call["function"]
-        header = {"index": index, "id": call["id"], "type": "function"}
-        deltas.append({"tool_calls": [{**header, "function": {"name": function["name"], "arguments": ""}}]})
-        deltas += [
-            {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
-            for piece in _pieces(function["arguments"])
-        ]
+        deltas += call_deltas(position, call, habits)
     return deltas
+
+
+def reply_message(reply: EngineReply, habits: ReplyHabits) -> dict[str, Any]:
+    """The assistant message of a plain (not streamed) answer."""
+    message: dict[str, Any] = {
+        "content": reply.content,
+        "reasoning": reply.reasoning if habits.reasoning_field == "reasoning" else None,
+    }
+    if reply.reasoning:
+        message["reasoning_details"] = [_reasoning_detail(reply.reasoning)]
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return message
+
+
+def reasoning_tokens(ids: list[int], think_end: int, thinking: bool) -> int:
+    """The ids before `</think>` (all of them when the answer was cut inside its reasoning)."""
+    if not thinking:
+        return 0
+    return ids.index(think_end) if think_end in ids else len(ids)
 
 
 class _PlannedDeltas:
@@ -232,28 +276,23 @@ class KimiReplies:
     def message(self, completion: Completion) -> dict[str, Any]:
         habits = completion.endpoint.habits
         sample = self.corpus.sample_for(completion.prompt_ids)
-        reply = provider_reply(
+        reply = _sample_reply(
             self.corpus.tokenizer, sample, completion.completion_ids, completion.stopped, habits
         )
         completion.calls_tools = bool(reply.tool_calls)
-        completion.reasoning_tokens = self.reasoning_tokens(sample, completion.completion_ids)
-        message: dict[str, Any] = {
-            "content": reply.content,
-            "reasoning": reply.reasoning if habits.reasoning_field == "reasoning" else None,
-        }
-        if reply.reasoning:
-            message["reasoning_details"] = [_reasoning_detail(reply.reasoning)]
-        if reply.tool_calls:
-            message["tool_calls"] = reply.tool_calls
-        return message
+        completion.reasoning_tokens = reasoning_tokens(
+            completion.completion_ids, self.corpus.format.layout.think_end, sample.thinking
+        )
+        return reply_message(reply, habits)
 
     def deltas(self, completion: Completion, generation: GenerationRequest) -> _PlannedDeltas:
         habits = completion.endpoint.habits
         sample = self.corpus.sample_for(completion.prompt_ids)
         ids, stopped = served_ids(sample, generation.max_tokens)
-        reply = provider_reply(self.corpus.tokenizer, sample, ids, stopped, habits)
+        reply = _sample_reply(self.corpus.tokenizer, sample, ids, stopped, habits)
         completion.calls_tools = bool(reply.tool_calls)
-        completion.reasoning_tokens = self.reasoning_tokens(sample, ids)
+        think_end = self.corpus.format.layout.think_end
+        completion.reasoning_tokens = reasoning_tokens(ids, think_end, sample.thinking)
         return _PlannedDeltas(stream_deltas(reply, habits), len(ids))
 
     def returns_token_ids(self, endpoint: Endpoint) -> bool:
@@ -262,14 +301,7 @@ class KimiReplies:
     def stored_output(self, completion: Completion) -> dict[str, str | None]:
         habits = completion.endpoint.habits
         sample = self.corpus.sample_for(completion.prompt_ids)
-        reply = provider_reply(
+        reply = _sample_reply(
             self.corpus.tokenizer, sample, completion.completion_ids, completion.stopped, habits
         )
         return {"completion": reply.content, "reasoning": reply.reasoning}
-
-    def reasoning_tokens(self, sample: TrueSample, ids: list[int]) -> int:
-        """The ids before `</think>` (all of them when the answer was cut inside its reasoning)."""
-        if not sample.thinking:
-            return 0
-        think_end = self.corpus.format.layout.think_end
-        return ids.index(think_end) if think_end in ids else len(ids)

@@ -8,7 +8,7 @@ endpoint's `habits` say how its provider returns reasoning and tool calls (`Repl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -153,6 +153,10 @@ class Endpoint:
 
     def supports(self, parameter: str) -> bool:
         return parameter in self.public["supported_parameters"]
+
+    def with_text_like(self, switch: str) -> Endpoint:
+        """This endpoint with its habits' engine switch replaced (`--text-like` for a Kimi-layout model)."""
+        return replace(self, habits=replace(self.habits, text_like=switch))
 
 
 def _per_token(usd_per_million: float) -> str:

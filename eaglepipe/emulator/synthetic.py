@@ -66,7 +66,9 @@ class WordText:
     def __init__(self) -> None:
         self.words = ["<|im_end|>", *_words(_WORDS)]
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+    ) -> list[int]:
         data = render_prompt(messages, tools)
         data += b"\0" * (-len(data) % 4)
         return [word % _WORDS + 1 for word in memoryview(data).cast("I")]

@@ -108,7 +108,9 @@ class TokenizerText:
             frozenset(self.format.special_ids - kept) if text_like.skip_special_tokens else frozenset()
         )
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+    ) -> list[int]:
         # The model's template: it cannot reason, and declares tools its own way.
         return self.format.prompt_ids(messages, tools, thinking=False, tool_format="json")
 

@@ -56,6 +56,11 @@ class TargetTokenizer(Protocol):
         ...
 
 
+def has_kimi_tokenizer(target_dir: str | Path) -> bool:
+    """Kimi-K2.5's layout: a `tiktoken.model` rank file rather than an HF tokenizer."""
+    return (Path(target_dir) / "tiktoken.model").is_file()
+
+
 def load_target_tokenizer(target_dir: str | Path) -> TargetTokenizer:
     """Kimi's native tokenizer when the directory holds `tiktoken.model`, else the directory's HF tokenizer.
 
@@ -63,7 +68,7 @@ def load_target_tokenizer(target_dir: str | Path) -> TargetTokenizer:
     the two implementations import this module.
     """
     target_dir = Path(target_dir)
-    if (target_dir / "tiktoken.model").is_file():
+    if has_kimi_tokenizer(target_dir):
         from eaglepipe.target.kimi_tokenizer import KimiTokenizer
 
         return KimiTokenizer.from_dir(target_dir)
