@@ -33,6 +33,8 @@ def engine_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len": args.max_model_len,
         "seed": 0,
         "enforce_eager": on_cpu,
+        # Samples arrive as token ids: the target's tokenizer (Kimi's needs remote code) is never loaded.
+        "skip_tokenizer_init": True,
         "speculative_config": {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
@@ -45,6 +47,11 @@ def engine_arguments(args: argparse.Namespace) -> dict[str, Any]:
             "kv_connector_extra_config": {"shared_storage_path": args.storage},
         },
     }
+    if args.language_model_only:  # Kimi-K2.5: neither build nor load the vision tower for a text job
+        engine["language_model_only"] = True
+    if on_cpu and args.mla and args.dtype == "float32":
+        # vLLM picks its AMX MLA kernels wherever the CPU has AMX, and they take bf16 weights only.
+        engine["attention_backend"] = "CPU_MLA"
     if not on_cpu:
         engine["gpu_memory_utilization"] = args.memory_fraction
     return engine
@@ -60,6 +67,8 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, required=True)
     parser.add_argument("--memory-fraction", type=float, default=0.85)
     parser.add_argument("--storage", required=True, help="where vLLM writes per-request files")
+    parser.add_argument("--language-model-only", action="store_true", help="a multimodal target, text only")
+    parser.add_argument("--mla", action="store_true", help="the target's attention is MLA (DeepSeek, Kimi)")
     parser.add_argument("--reply-fd", type=int, required=True)
     args = parser.parse_args()
     replies = WorkerReplies(args.reply_fd)
