@@ -19,6 +19,8 @@ rule all:
         results("drafter/model.safetensors"),
         results("drafter/eval.json"),
         expand(results("figures/{stem}.png"), stem=FIGURES),
+        # The drafter in speculators' format too, when asked (drafter.export_speculators).
+        [results("drafter/speculators/config.json")] if config["drafter"]["export_speculators"] else [],
         # The learning curve, when training keeps drafters along the way (drafter.curve_points).
         [results("drafter/curve.json")] if config["drafter"]["curve_points"] else [],
     default_target: True

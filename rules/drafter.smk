@@ -24,7 +24,7 @@ rule train_drafter:
         # Undeclared, like the shards: a killed training resumes from it; removed once the drafter is out.
         checkpoint_dir=results(".checkpoints/drafter"),
         target=TARGET_DIR,
-        settings={k: v for k, v in config["drafter"].items() if k != "gpus"},
+        settings={k: v for k, v in config["drafter"].items() if k not in ("gpus", "export_speculators")},
         datasets=DATASETS,  # one per manifests input, in their order (for drafter.set_weights)
         holdout_per_dataset=config["eval"]["holdout_per_dataset"],
         holdout_ids=config["eval"]["holdout_ids"],
@@ -73,6 +73,30 @@ rule evaluate_drafter:
         "../envs/gpu.yaml"
     script:
         "../scripts/evaluate_drafter.py"
+
+
+# 4b. The same drafter in vLLM speculators' own format (drafter.export_speculators): a conversion, so
+#     exporting it never retrains.
+rule export_speculators:
+    input:
+        config=results("drafter/config.json"),
+        weights=results("drafter/model.safetensors"),
+        model=embedded_target(),
+    output:
+        config=results("drafter/speculators/config.json"),
+        weights=results("drafter/speculators/model.safetensors"),
+    params:
+        drafter_dir=lambda wildcards, input: str(Path(input.config).parent),
+        out_dir=lambda wildcards, output: str(Path(output.config).parent),
+        target=TARGET_DIR,
+        num_speculative_tokens=config["eval"]["num_steps"],
+    log:
+        logs("export_speculators.log"),
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/export_speculators.py"
 
 
 # 6. The learning curve: acceptance on the held-out prompts of the drafters kept along training
