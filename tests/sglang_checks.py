@@ -50,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("target")
     parser.add_argument("out")
+    parser.add_argument("--drafter", help="an exported drafter directory for this target")
     args = parser.parse_args()
 
     import sglang
@@ -120,8 +121,32 @@ def main() -> None:
             "CaptureHiddenMode.FULL": CaptureHiddenMode.FULL.name,
         },
     }
+    if args.drafter:
+        facts["drafter"] = drafter_facts(args.drafter, server_args, model_config.num_hidden_layers)
     with open(args.out, "w") as handle:
         json.dump(facts, handle, indent=1, default=str)
+
+
+def drafter_facts(drafter_dir: str, target_args, num_layers: int) -> dict:
+    """How SGLang reads an exported drafter beside this target: the draft's config as its ModelRunner loads
+    it, the aux-layer ids it hands the target, and the layers Kimi-K2.5's and DeepSeek-V3's classes then
+    capture (input-of-layer ids)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
+    from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+    draft = ModelConfig.from_server_args(target_args, model_path=drafter_dir, is_draft_model=True)
+    hf = draft.hf_config
+    ids = hf.eagle_config["eagle_aux_hidden_state_layer_ids"]  # what ModelRunner passes the target
+    return {
+        "architecture": hf.architectures[0],
+        "geometry": {k: getattr(hf, k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                 "head_dim", "intermediate_size", "vocab_size",
+                                                 "draft_vocab_size", "target_hidden_size")},
+        "layer_ids_read": list(ids),
+        "kimi_k25_captures": layers_sglang_captures(KimiK25ForConditionalGeneration, num_layers, ids, True),
+        "deepseek_v3_captures": layers_sglang_captures(DeepseekV3ForCausalLM, num_layers, ids, False),
+    }
 
 
 if __name__ == "__main__":

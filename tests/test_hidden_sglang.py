@@ -11,41 +11,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from kimi_k25_config import KIMI_K25
 
+from eaglepipe.drafter.export import config_json
+from eaglepipe.drafter.model import Eagle3Config
 from eaglepipe.hidden import HiddenError
-from eaglepipe.hidden.backends import BackendSettings, TargetShape, memory_problem
+from eaglepipe.hidden.backends import BackendSettings, memory_problem
 from eaglepipe.hidden.backends.sglang import SGLangBackend
+from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import vllm_capture_ids
 
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
-KIMI_SHAPE = {
-    "architectures": ["KimiK25ForConditionalGeneration"],
-    "model_type": "kimi_k25",
-    "torch_dtype": "bfloat16",
-    "text_config": {
-        "model_type": "deepseek_v3",
-        "num_hidden_layers": 61,
-        "hidden_size": 7168,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 262144,
-        "vocab_size": 163840,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 64,
-        "kv_lora_rank": 512,
-        "q_lora_rank": 1536,
-        "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "n_routed_experts": 384,
-        "num_experts_per_tok": 8,
-        "moe_intermediate_size": 2048,
-        "intermediate_size": 18432,
-        "first_k_dense_replace": 1,
-        "n_shared_experts": 1,
-        "torch_dtype": "bfloat16",
-    },
-}
+KIMI_SHAPE = KIMI_K25
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +33,10 @@ def sglang_facts(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("sglang")
     (work / "kimi").mkdir()
     (work / "kimi" / "config.json").write_text(json.dumps(KIMI_SHAPE))
+    kimi = TargetArchitecture.from_config(KIMI_SHAPE)
+    drafter = Eagle3Config.from_target(kimi, 32000, [1, 29, 57], "bfloat16")
+    (work / "drafter").mkdir()
+    (work / "drafter" / "config.json").write_text(json.dumps(config_json(drafter)))
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests' / 'sglang_cpu'}{os.pathsep}{REPO}"}
     result = subprocess.run(
         [
@@ -62,6 +44,8 @@ def sglang_facts(tmp_path_factory) -> dict:
             str(REPO / "tests" / "sglang_checks.py"),
             str(work / "kimi"),
             str(work / "facts.json"),
+            "--drafter",
+            str(work / "drafter"),
         ],
         env=env,
         capture_output=True,
@@ -80,9 +64,9 @@ def test_sglang_reads_the_kimi_shaped_config_as_we_do(sglang_facts):
         "architecture": "KimiK25ForConditionalGeneration",
         "num_hidden_layers": 61,
         "hidden_size": 7168,
-        "text_model_type": "deepseek_v3",
+        "text_model_type": "kimi_k2",  # as the checkpoint spells it; SGLang builds DeepSeek-V3 from it
     }
-    ours = TargetShape.from_config(KIMI_SHAPE)
+    ours = TargetArchitecture.from_config(KIMI_SHAPE)
     assert (ours.num_layers, ours.hidden_size) == (61, 7168)
     assert sglang_facts["server_args"] == {
         "tp_size": 8,
@@ -108,6 +92,23 @@ def test_sglang_captures_the_layers_the_drafter_is_trained_on(sglang_facts):
     )
     assert capture["llama"] == vllm_capture_ids([1, 14, 26], 30)[:3]
     assert capture["deepseek_v3_first_id_2"] == [2, 29, 57]  # why check_aux_layers refuses such lists
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_sglang_reads_the_exported_kimi_drafter_as_the_trained_layers(sglang_facts):
+    """The exported config.json, loaded by SGLang's ModelConfig as its EAGLE-3 worker loads a draft: the
+    ids it hands the target, and the layers Kimi-K2.5's and DeepSeek-V3's own classes then capture."""
+    drafter = sglang_facts["drafter"]
+    assert drafter["architecture"] == "LlamaForCausalLMEagle3"
+    assert drafter["geometry"] == {
+        "hidden_size": 7168, "num_attention_heads": 64, "num_key_value_heads": 64, "head_dim": 128,
+        "intermediate_size": 18432, "vocab_size": 163840, "draft_vocab_size": 32000,
+        "target_hidden_size": 7168,
+    }
+    assert drafter["layer_ids_read"] == [1, 29, 57]
+    # Input-of-layer ids: the outputs of layers 1, 29, 57, which the drafter was trained on.
+    assert drafter["kimi_k25_captures"] == drafter["deepseek_v3_captures"] == [2, 30, 58]
 
 
 @pytest.mark.sglang
@@ -164,9 +165,9 @@ def test_the_worker_calls_sglang_with_its_real_signatures(sglang_facts):
 
 
 def test_the_sglang_backend_refuses_to_start_without_gpus(model_dir):
-    shape = TargetShape(30, 576, "llama", 1e-5)
+    target = TargetArchitecture.from_dir(model_dir)
     with pytest.raises(HiddenError, match="hidden.backend' = sglang needs GPUs"):
-        SGLangBackend(BackendSettings("sglang", gpus=0), model_dir, [1, 14, 26], shape, 100)
+        SGLangBackend(BackendSettings("sglang", gpus=0), model_dir, [1, 14, 26], target, 100)
 
 
 def test_a_target_too_large_for_the_gpus_is_refused_in_one_line(tmp_path):

@@ -6,6 +6,9 @@ no vLLM and vLLM's has no eaglepipe. Prompts are token ids, sent one at a time s
 speculative-decoding counters can be read per prompt. The aux-layer ids vLLM feeds the drafter are only
 logged by vLLM: read them from this script's stderr.
 
+With an MLA target (DeepSeek-V3, Kimi-K2.5) and a drafter on a CPU, set EAGLEPIPE_TEST_CPU_ATTN_BLOCK16=1 for
+the test-only plugin `make vllm-env` installs (tests/vllm_cpu_block16/).
+
 Output: {"outputs": [token ids per prompt], "per_prompt": [{"drafts", "accepted_drafts",
 "accepted_per_position"}] (with a drafter)}. vLLM counts a draft round ("drafts") per verify step and
 counts accepted drafts even when max_tokens or the stop token cuts them.
@@ -45,6 +48,8 @@ def main() -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, required=True)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--language-model-only", action="store_true", help="a multimodal target (Kimi-K2.5)")
+    parser.add_argument("--mla", action="store_true", help="an MLA target: vLLM's reference CPU MLA kernel")
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache; vLLM's default takes far more
@@ -58,6 +63,11 @@ def main() -> None:
             "model": args.drafter,
             "num_speculative_tokens": args.num_speculative_tokens,
         }
+    engine: dict[str, Any] = {}
+    if args.language_model_only:
+        engine["language_model_only"] = True
+    if args.mla:  # vLLM's AMX MLA kernels (picked where the CPU has AMX) take bf16 weights only
+        engine["attention_backend"] = "CPU_MLA"
     llm = LLM(
         model=args.target,
         dtype="float32",
@@ -66,6 +76,8 @@ def main() -> None:
         seed=0,
         speculative_config=speculative_config,
         disable_log_stats=False,  # the speculative-decoding counters
+        skip_tokenizer_init=True,  # prompts are ids; the stop id comes from generation_config.json
+        **engine,
     )
     sampling = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     outputs, per_prompt = [], []
