@@ -367,7 +367,7 @@ def test_habits_outside_kimi_mode_are_refused(tmp_path: Path, capsys) -> None:
     """Synthetic words have no reasoning or tool calls to shape: a table with habits is a mistake."""
     (tmp_path / "endpoints.yaml").write_text(yaml.safe_dump(endpoints_config({"p": {"tool_index": "zero"}})))
     assert main(["--synthetic", "--config", str(tmp_path / "endpoints.yaml")]) == 2
-    assert "endpoint p sets `habits`, which only Kimi mode applies" in capsys.readouterr().err
+    assert "endpoint p sets `habits`, which only a Kimi-layout target applies" in capsys.readouterr().err
 
 
 def test_a_tokenizer_directory_without_kimi_layout_is_named(tmp_path: Path) -> None:
