@@ -14,15 +14,15 @@ include: "rules/common.smk"
 
 rule all:
     input:
-        expand(results("{ds}/hidden.done"), ds=DATASETS),
-        results("drafter/config.json"),
-        results("drafter/model.safetensors"),
-        results("drafter/eval.json"),
-        expand(results("figures/{stem}.png"), stem=FIGURES),
+        expand(LAYOUT.hidden_done(), ds=DATASETS),
+        LAYOUT.drafter_config,
+        LAYOUT.drafter_weights,
+        LAYOUT.evaluation,
+        [LAYOUT.figure(stem) for stem in FIGURES],
         # The drafter in speculators' format too, when asked (drafter.export_speculators).
-        [results("drafter/speculators/config.json")] if config["drafter"]["export_speculators"] else [],
+        [LAYOUT.speculators_config] if config["drafter"]["export_speculators"] else [],
         # The learning curve, when training keeps drafters along the way (drafter.curve_points).
-        [results("drafter/curve.json")] if config["drafter"]["curve_points"] else [],
+        [LAYOUT.curve] if config["drafter"]["curve_points"] else [],
     default_target: True
 
 

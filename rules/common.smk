@@ -6,6 +6,7 @@ from pathlib import Path
 
 from eaglepipe.config import ConfigError, is_local_api, validate_config
 from eaglepipe.figures import FIGURES
+from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.fingerprint import config_fingerprint
 from eaglepipe.target.tiny import TEACHER_FILES, TINY_TARGETS
 
@@ -17,27 +18,10 @@ except ConfigError as error:
 DATASETS = config["datasets"]
 LOCAL_API = is_local_api(config)
 TARGET_DIR = config["target"]["path"]
-# Every path of the run is built here, from the configuration's roots, so the embedded default
-# (results/demo) and the real run (results) never plan, spend or satisfy each other's files.
-RESULTS_ROOT = config["paths"]["results"].rstrip("/")
-PROMPTS_DIR = config["paths"]["prompts"].rstrip("/")
-
-
-def results(path):
-    """A path under this configuration's results root (wildcards are kept for the rule to fill)."""
-    return f"{RESULTS_ROOT}/{path}"
-
-
-def logs(path):
-    """A job's log file, under the results root like everything else the run writes."""
-    return f"{RESULTS_ROOT}/logs/{path}"
-
-
-def prompt_set(ds="{ds}"):
-    return f"{PROMPTS_DIR}/{ds}.jsonl"
-
-
-LEDGER_DIR = results(".ledger")
+# Every path of the run comes from the layout of the configuration's roots, so the embedded default
+# (results/demo) and the real run (results) never plan, spend or satisfy each other's files. Members taking
+# a set default to the `{ds}` wildcard; a param holding one is a str, which Snakemake fills.
+LAYOUT = RunLayout.from_paths(config["paths"]["results"], config["paths"]["prompts"])
 # What each cluster job asks its scheduler for; the rules show it in their `resources:`.
 CLUSTER = config["cluster"]
 
@@ -61,7 +45,7 @@ REPORT_CATEGORY = {
 def figure(stem):
     """A figure file marked for the report, with its caption report/{stem}.rst and its stage's category."""
     return report(
-        results(f"figures/{stem}.png"),
+        LAYOUT.figure(stem),
         caption=f"../report/{stem}.rst",
         category=REPORT_CATEGORY[stem.split("_")[0]],
     )
@@ -103,9 +87,7 @@ if workflow.is_main_process:
         DATASETS,
         GENERATION_FINGERPRINT,
         argv=sys.argv,
-        results=Path(RESULTS_ROOT),
-        prompts_dir=Path(PROMPTS_DIR),
-        ledger_dir=Path(LEDGER_DIR),
+        layout=LAYOUT,
     )
 
 
@@ -114,6 +96,6 @@ onstart:
     from eaglepipe.openrouter.stage import check_key_for_pending_sets
 
     try:
-        check_key_for_pending_sets(config, DATASETS, Path(RESULTS_ROOT))
+        check_key_for_pending_sets(config, DATASETS, LAYOUT)
     except OpenRouterError as error:
         sys.exit(f"eaglepipe: {error}")

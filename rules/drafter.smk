@@ -4,32 +4,32 @@
 
 rule train_drafter:
     input:
-        manifests=expand(results("{ds}/hidden.done"), ds=DATASETS),
-        token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
+        manifests=expand(LAYOUT.hidden_done(), ds=DATASETS),
+        token_stats=expand(LAYOUT.token_stats(), ds=DATASETS),
         model=embedded_target(),
     output:
-        config=results("drafter/config.json"),
-        weights=results("drafter/model.safetensors"),
+        config=LAYOUT.drafter_config,
+        weights=LAYOUT.drafter_weights,
         report=report(
-            results("drafter/train.json"),
+            LAYOUT.train_report,
             caption="../report/train_json.rst",
             category=REPORT_CATEGORY["drafter"],
         ),
-        serving=results("drafter/README.md"),
+        serving=LAYOUT.drafter_serving,
         # The drafters kept along training (drafter.curve_points) for the learning curve; index.json only if 0.
-        snapshots=directory(results("drafter/snapshots")),
+        snapshots=directory(LAYOUT.snapshots),
     params:
         # The folder SGLang and vLLM load: the declared config.json and model.safetensors are its files.
         drafter_dir=lambda wildcards, output: str(Path(output.config).parent),
         # Undeclared, like the shards: a killed training resumes from it; removed once the drafter is out.
-        checkpoint_dir=results(".checkpoints/drafter"),
+        checkpoint_dir=str(LAYOUT.drafter_checkpoints),
         target=TARGET_DIR,
         settings={k: v for k, v in config["drafter"].items() if k not in ("gpus", "export_speculators")},
         datasets=DATASETS,  # one per manifests input, in their order (for drafter.set_weights)
         holdout_per_dataset=config["eval"]["holdout_per_dataset"],
         holdout_ids=config["eval"]["holdout_ids"],
     log:
-        logs("train_drafter.log"),
+        LAYOUT.log("train_drafter.log"),
     threads: CLUSTER["train_drafter"]["cpus"]
     resources:
         gpu=config["drafter"]["gpus"],
@@ -44,15 +44,15 @@ rule train_drafter:
 
 rule evaluate_drafter:
     input:
-        config=results("drafter/config.json"),
-        weights=results("drafter/model.safetensors"),
-        report=results("drafter/train.json"),
-        tokens=expand(results("{ds}/tokens.safetensors"), ds=DATASETS),
-        token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
+        config=LAYOUT.drafter_config,
+        weights=LAYOUT.drafter_weights,
+        report=LAYOUT.train_report,
+        tokens=expand(LAYOUT.tokens(), ds=DATASETS),
+        token_stats=expand(LAYOUT.token_stats(), ds=DATASETS),
         model=embedded_target(),
     output:
         eval=report(
-            results("drafter/eval.json"),
+            LAYOUT.evaluation,
             caption="../report/eval_json.rst",
             category=REPORT_CATEGORY["drafter"],
         ),
@@ -62,7 +62,7 @@ rule evaluate_drafter:
         settings=config["eval"],
         datasets=DATASETS,  # one per tokens/token_stats input, in their order
     log:
-        logs("evaluate_drafter.log"),
+        LAYOUT.log("evaluate_drafter.log"),
     threads: CLUSTER["evaluate_drafter"]["cpus"]
     resources:
         gpu=min(config["drafter"]["gpus"], 1),
@@ -79,19 +79,19 @@ rule evaluate_drafter:
 #     exporting it never retrains.
 rule export_speculators:
     input:
-        config=results("drafter/config.json"),
-        weights=results("drafter/model.safetensors"),
+        config=LAYOUT.drafter_config,
+        weights=LAYOUT.drafter_weights,
         model=embedded_target(),
     output:
-        config=results("drafter/speculators/config.json"),
-        weights=results("drafter/speculators/model.safetensors"),
+        config=LAYOUT.speculators_config,
+        weights=LAYOUT.speculators_weights,
     params:
         drafter_dir=lambda wildcards, input: str(Path(input.config).parent),
         out_dir=lambda wildcards, output: str(Path(output.config).parent),
         target=TARGET_DIR,
         num_speculative_tokens=config["eval"]["num_steps"],
     log:
-        logs("export_speculators.log"),
+        LAYOUT.log("export_speculators.log"),
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -103,16 +103,16 @@ rule export_speculators:
 #    (drafter.curve_points), beside the untrained drafter and prompt lookup. Asked for only when they are kept.
 rule drafter_curve:
     input:
-        snapshots=results("drafter/snapshots"),
-        config=results("drafter/config.json"),
-        weights=results("drafter/model.safetensors"),
-        report=results("drafter/train.json"),
-        tokens=expand(results("{ds}/tokens.safetensors"), ds=DATASETS),
-        token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
+        snapshots=LAYOUT.snapshots,
+        config=LAYOUT.drafter_config,
+        weights=LAYOUT.drafter_weights,
+        report=LAYOUT.train_report,
+        tokens=expand(LAYOUT.tokens(), ds=DATASETS),
+        token_stats=expand(LAYOUT.token_stats(), ds=DATASETS),
         model=embedded_target(),
     output:
         curve=report(
-            results("drafter/curve.json"),
+            LAYOUT.curve,
             caption="../report/curve_json.rst",
             category=REPORT_CATEGORY["drafter"],
         ),
@@ -122,7 +122,7 @@ rule drafter_curve:
         settings=config["eval"],
         datasets=DATASETS,  # one per tokens/token_stats input, in their order
     log:
-        logs("drafter_curve.log"),
+        LAYOUT.log("drafter_curve.log"),
     threads: CLUSTER["evaluate_drafter"]["cpus"]
     resources:
         gpu=min(config["drafter"]["gpus"], 1),

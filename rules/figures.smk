@@ -4,28 +4,28 @@
 
 rule figures:
     input:
-        responses=expand(results("{ds}/responses.jsonl"), ds=DATASETS),
-        token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
-        manifests=expand(results("{ds}/hidden.done"), ds=DATASETS),
-        train=results("drafter/train.json"),
-        eval=results("drafter/eval.json"),
+        responses=expand(LAYOUT.responses(), ds=DATASETS),
+        token_stats=expand(LAYOUT.token_stats(), ds=DATASETS),
+        manifests=expand(LAYOUT.hidden_done(), ds=DATASETS),
+        train=LAYOUT.train_report,
+        eval=LAYOUT.evaluation,
     output:
         **{stem: figure(stem) for stem in FIGURES},
         table=report(
-            results("figures/run_summary.txt"),
+            LAYOUT.run_summary,
             caption="../report/run_summary.rst",
             category=REPORT_CATEGORY["run"],
         ),
     params:
         datasets=DATASETS,
         # Undeclared outputs of generation (see rules/generate.smk), read when present.
-        summaries=expand(results("{ds}/responses.summary.json"), ds=DATASETS),
-        ledger=LEDGER_DIR,
+        summaries=expand(LAYOUT.responses_summary(), ds=DATASETS),
+        ledger=str(LAYOUT.ledger),
         budget_usd=config["budget"]["usd"],
         max_tokens=config["generation"]["max_tokens"],
         emulated=LOCAL_API,
     log:
-        logs("figures.log"),
+        LAYOUT.log("figures.log"),
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -39,15 +39,15 @@ onsuccess:
 
     run = load_run(
         DATASETS,
-        summaries=expand(results("{ds}/responses.summary.json"), ds=DATASETS),
-        token_stats=expand(results("{ds}/tokens.json"), ds=DATASETS),
-        manifests=expand(results("{ds}/hidden.done"), ds=DATASETS),
-        evaluation=results("drafter/eval.json"),
+        summaries=expand(LAYOUT.responses_summary(), ds=DATASETS),
+        token_stats=expand(LAYOUT.token_stats(), ds=DATASETS),
+        manifests=expand(LAYOUT.hidden_done(), ds=DATASETS),
+        evaluation=LAYOUT.evaluation,
     )
     print(run_table(run, emulated=LOCAL_API), file=sys.stderr)
     # The configuration this run used (a profile's configfile counts), so the report reads the same root.
     config_args = "".join(f" --configfile {path}" for path in workflow.overwrite_configfiles)
-    print(f"eaglepipe: the report: snakemake{config_args} --report {results('report.html')}", file=sys.stderr)
+    print(f"eaglepipe: the report: snakemake{config_args} --report {LAYOUT.report}", file=sys.stderr)
 
 
 onerror:

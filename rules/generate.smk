@@ -7,7 +7,7 @@ rule providers:
         model=embedded_target() if LOCAL_API else [],
     output:
         providers=report(
-            results("providers.json"),
+            LAYOUT.providers,
             caption="../report/providers_json.rst",
             category=REPORT_CATEGORY["generation"],
         ),
@@ -18,8 +18,8 @@ rule providers:
         routing=config["routing"],
         max_tokens=config["generation"]["max_tokens"],
     log:
-        job=logs("providers.log"),
-        emulator=logs("providers.emulator.log"),
+        job=LAYOUT.log("providers.log"),
+        emulator=LAYOUT.log("providers.emulator.log"),
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -29,12 +29,12 @@ rule providers:
 
 rule generate:
     input:
-        prompts=prompt_set(),
+        prompts=LAYOUT.prompt_set(),
         # ancient: refreshing the endpoint list alone must not re-buy responses.
-        providers=ancient(results("providers.json")),
+        providers=ancient(LAYOUT.providers),
         model=embedded_target() if LOCAL_API else [],
     output:
-        responses=results("{ds}/responses.jsonl"),
+        responses=LAYOUT.responses(),
     params:
         # Only what changes the responses or completes a set belongs here: a change reruns the (paid) job,
         # which then resumes from the journal.
@@ -42,14 +42,14 @@ rule generate:
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
         usd_budget=config["budget"]["usd"],
         max_failed_fraction=config["generation"]["max_failed_fraction"],
-        journal=results("{ds}/.journal"),
+        journal=str(LAYOUT.journal()),
         # Undeclared, like the journal: a failed job keeps the summary that says why it failed.
-        summary=results("{ds}/responses.summary.json"),
+        summary=str(LAYOUT.responses_summary()),
         # The run-wide ledger and heartbeats, shared by every generation job of this results root.
-        ledger=LEDGER_DIR,
+        ledger=str(LAYOUT.ledger),
     log:
-        job=logs("generate/{ds}.log"),
-        emulator=logs("generate/{ds}.emulator.log"),
+        job=LAYOUT.log("generate/{ds}.log"),
+        emulator=LAYOUT.log("generate/{ds}.emulator.log"),
     localrule: True
     # Jobs running at once split generation.concurrency and share budget.usd through the ledger;
     # the local profile limits api to the jobs its cores can run, each with its own emulator.

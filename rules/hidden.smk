@@ -6,18 +6,18 @@
 
 rule hidden:
     input:
-        tokens=results("{ds}/tokens.safetensors"),
-        stats=results("{ds}/tokens.json"),
+        tokens=LAYOUT.tokens(),
+        stats=LAYOUT.token_stats(),
         model=embedded_target(),
     output:
-        manifest=results("{ds}/hidden.done"),
+        manifest=LAYOUT.hidden_done(),
     params:
         target=TARGET_DIR,
         target_name=config["target"]["name"],
-        shard_dir=results("{ds}/hidden"),
+        shard_dir=str(LAYOUT.shards()),
         settings=config["hidden"],
     log:
-        logs("hidden/{ds}.log"),
+        LAYOUT.log("hidden/{ds}.log"),
     threads: CLUSTER["hidden"]["cpus"]
     resources:
         gpu=config["hidden"]["gpus"],

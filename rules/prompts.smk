@@ -5,13 +5,13 @@ rule prompts:
     input:
         source=source_inputs,
     output:
-        prompts=prompt_set(),
+        prompts=LAYOUT.prompt_set(),
     params:
         source=lambda wildcards: config["sources"][wildcards.ds],
         seed=config["prompts"]["seed"],
         strip_trailing_assistant=config["prompts"]["strip_trailing_assistant"],
     log:
-        logs("prompts/{ds}.log"),
+        LAYOUT.log("prompts/{ds}.log"),
     localrule: True
     conda:
         "../envs/pipeline.yaml"

@@ -13,7 +13,7 @@ if config["target"]["embedded"]:
         params:
             embedded=config["target"]["embedded"],
         log:
-            logs("target_model.log"),
+            LAYOUT.log("target_model.log"),
         threads: 2
         conda:
             "../envs/pipeline.yaml"

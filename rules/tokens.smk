@@ -3,13 +3,13 @@
 
 rule tokens:
     input:
-        prompts=prompt_set(),
-        responses=results("{ds}/responses.jsonl"),
+        prompts=LAYOUT.prompt_set(),
+        responses=LAYOUT.responses(),
         model=embedded_target(),
     output:
-        tokens=results("{ds}/tokens.safetensors"),
+        tokens=LAYOUT.tokens(),
         stats=report(
-            results("{ds}/tokens.json"),
+            LAYOUT.token_stats(),
             caption="../report/tokens_json.rst",
             category=REPORT_CATEGORY["tokens"],
             labels={"set": "{ds}", "file": "tokens.json"},
@@ -18,7 +18,7 @@ rule tokens:
         target=TARGET_DIR,
         settings=config["tokens"],
     log:
-        logs("tokens/{ds}.log"),
+        LAYOUT.log("tokens/{ds}.log"),
     threads: CLUSTER["tokens"]["cpus"]
     resources:
         mem_mb=CLUSTER["tokens"]["mem_mb"],

@@ -154,7 +154,7 @@ def test_editing_one_prompt_file_reruns_only_its_chain(tiny_pipeline):
 
 
 def test_log_paths_are_under_the_results_root_in_every_rule():
-    """Logs are outputs too: every `log:` entry is built by logs() in common.smk, under the root."""
+    """Logs are outputs too: every `log:` entry is the layout's LAYOUT.log(), under the root."""
     for rule_file in (REPO / "rules").glob("*.smk"):
         lines = rule_file.read_text().splitlines()
         for number, line in enumerate(lines):
@@ -166,5 +166,5 @@ def test_log_paths_are_under_the_results_root_in_every_rule():
                 if len(entry) - len(entry.lstrip()) <= indent:
                     break
                 entries.append(entry.strip())
-            built_by_logs = all(re.match(r"(\w+=)?logs\(", entry) for entry in entries)
-            assert entries and built_by_logs, f"{rule_file.name}: {entries}"
+            built_by_layout = all(re.match(r"(\w+=)?LAYOUT\.log\(", entry) for entry in entries)
+            assert entries and built_by_layout, f"{rule_file.name}: {entries}"

@@ -13,6 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from eaglepipe.config import validate_config
+from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.plan import (
     Prices,
     command_line_targets,
@@ -79,15 +80,8 @@ def write_providers(tmp_path: Path, model: str = "vendor/model") -> None:
 
 
 def plan_of(tmp_path: Path, config: dict):
-    results = tmp_path / "results"
-    return spend_plan(
-        config,
-        config["datasets"],
-        FINGERPRINT,
-        results=results,
-        prompts_dir=tmp_path / "prompts",
-        ledger_dir=results / ".ledger",
-    )
+    layout = RunLayout(tmp_path / "results", tmp_path / "prompts")
+    return spend_plan(config, config["datasets"], FINGERPRINT, layout=layout)
 
 
 def by_name(plan) -> dict:
@@ -311,7 +305,7 @@ def test_targets_narrow_the_plan_to_the_sets_they_name():
     sets = ["B1", "B2", "B3"]
 
     def named(*targets: str) -> list[str]:
-        return sets_named_by(targets, sets, results=Path("results"), prompts_dir=Path("resources/prompts"))
+        return sets_named_by(targets, sets, RunLayout(Path("results"), Path("resources/prompts")))
 
     assert named() == sets
     assert named("results/B3/hidden.done", "./results/B1/responses.jsonl") == ["B1", "B3"]
@@ -325,7 +319,7 @@ def test_targets_are_read_against_the_configurations_own_roots():
 
     def named(*targets: str) -> list[str]:
         root = Path("results/demo")
-        return sets_named_by(targets, sets, results=root, prompts_dir=root / "prompts")
+        return sets_named_by(targets, sets, RunLayout(root, root / "prompts"))
 
     assert named("results/demo/demo-b/hidden.done") == ["demo-b"]
     assert named("results/demo/prompts/demo-a.jsonl") == []

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from eaglepipe.config import is_local_api
 from eaglepipe.hidden.storage import BYTES_PER_VALUE, STORED_LAYERS, bytes_per_token, capped_tokens
 from eaglepipe.io import read_jsonl
+from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.openrouter.journal import tally_done
 from eaglepipe.openrouter.ledger import read_ledger
@@ -126,15 +127,12 @@ def spend_plan(
     datasets: list[str],
     fingerprint: str,
     *,
-    results: Path,
-    prompts_dir: Path,
-    ledger_dir: Path,
+    layout: RunLayout,
 ) -> SpendPlan:
     """The plan for `datasets` (in config order) from a validated config and the files of one results
     root: its per-set folders, providers.json and ledger, nothing outside it."""
-    results, prompts_dir = Path(results), Path(prompts_dir)
     target_dir = Path(config["target"]["path"])
-    prices = dearest_prices(results / "providers.json", config["api"]["model"]) or configured_prices(config)
+    prices = dearest_prices(layout.providers, config["api"]["model"]) or configured_prices(config)
     hidden_size, hidden_size_source = target_hidden_size(target_dir), "the target's config.json"
     if hidden_size is None and config["target"].get("hidden_size"):
         # Before the target is downloaded, the width the config states sizes the shards.
@@ -142,13 +140,13 @@ def spend_plan(
     bytes_per_token = shard_bytes_per_token(hidden_size, config["hidden"]["dtype"])
     count_input = InputTokens(target_dir)
     sets = [
-        _plan_set(config, ds, results, prompts_dir, fingerprint, prices, count_input, bytes_per_token)
+        _plan_set(config, ds, layout, fingerprint, prices, count_input, bytes_per_token)
         for ds in datasets
     ]
-    spent = read_ledger(ledger_dir).usd
+    spent = read_ledger(layout.ledger).usd
     budget = float(config["budget"]["usd"])
     return SpendPlan(
-        results=results,
+        results=layout.results,
         sets=with_coverage(sets, max(budget - spent, 0.0)),
         prices=prices,
         input_method=count_input.method,
@@ -221,9 +219,7 @@ def with_coverage(sets: list[SetPlan], remaining_usd: float) -> list[SetPlan]:
     return out
 
 
-def sets_named_by(
-    targets: Iterable[str], datasets: list[str], *, results: Path, prompts_dir: Path
-) -> list[str]:
+def sets_named_by(targets: Iterable[str], datasets: list[str], layout: RunLayout) -> list[str]:
     """The sets whose files the targets are (a prompt file buys nothing); every set when no target is
     given or one is not a single set's file (a rule name, the drafter), since those need every set."""
     targets = list(targets)
@@ -231,7 +227,7 @@ def sets_named_by(
         return list(datasets)
     named = set()
     for target in targets:
-        kind, ds = _set_file(target, datasets, results, prompts_dir)
+        kind, ds = _set_file(target, datasets, layout)
         if kind == "set":
             named.add(ds)
         elif kind != "prompts":
@@ -239,9 +235,9 @@ def sets_named_by(
     return [ds for ds in datasets if ds in named]
 
 
-def _set_file(path: str, datasets: list[str], results: Path, prompts_dir: Path) -> tuple[str | None, str]:
+def _set_file(path: str, datasets: list[str], layout: RunLayout) -> tuple[str | None, str]:
     """("set", ds) for a file in a set's folder, ("prompts", ds) for a built prompt set, else (None, "")."""
-    parts, root, prompts = _parts(path), _parts(results), _parts(prompts_dir)
+    parts, root, prompts = _parts(path), _parts(layout.results), _parts(layout.prompts)
     below_root = parts[len(root):] if parts[: len(root)] == root else ()
     below_prompts = parts[len(prompts):] if parts[: len(prompts)] == prompts else ()
     if len(below_root) >= 2 and below_root[0] in datasets:
@@ -274,20 +270,16 @@ def print_spend_plan(
     fingerprint: str,
     *,
     argv: list[str],
-    results: Path,
-    prompts_dir: Path,
-    ledger_dir: Path,
+    layout: RunLayout,
     stream: TextIO = sys.stderr,
 ) -> None:
     """The parse-time hook: the plan for the sets the command line targets. Advisory, so a failure to
     plan is reported in one line and never stops the workflow."""
     try:
-        could_narrow = any(_set_file(word, datasets, results, prompts_dir)[0] for word in argv[1:])
+        could_narrow = any(_set_file(word, datasets, layout)[0] for word in argv[1:])
         targets = command_line_targets(argv) if could_narrow else []
-        scope = sets_named_by(targets, datasets, results=results, prompts_dir=prompts_dir)
-        plan = spend_plan(
-            config, scope, fingerprint, results=results, prompts_dir=prompts_dir, ledger_dir=ledger_dir
-        )
+        scope = sets_named_by(targets, datasets, layout)
+        plan = spend_plan(config, scope, fingerprint, layout=layout)
     except Exception as error:  # whatever breaks an estimate must not block the run
         print(f"eaglepipe: no spend plan ({type(error).__name__}: {error})", file=stream)
         return
@@ -313,22 +305,21 @@ def format_plan(plan: SpendPlan) -> str:
 def _plan_set(
     config: dict[str, Any],
     ds: str,
-    results: Path,
-    prompts_dir: Path,
+    layout: RunLayout,
     fingerprint: str,
     prices: Prices | None,
     count_input: InputTokens,
     bytes_per_token: int | None,
 ) -> SetPlan:
-    set_dir, max_tokens = results / ds, config["generation"]["max_tokens"]
-    if (set_dir / "responses.jsonl").is_file():
-        if (set_dir / "hidden.done").is_file():
+    max_tokens = config["generation"]["max_tokens"]
+    if layout.responses(ds).is_file():
+        if layout.hidden_done(ds).is_file():
             return SetPlan(ds, "done")
-        tokens, samples = _generated_tokens(set_dir, max_tokens)
+        tokens, samples = _generated_tokens(layout, ds, max_tokens)
         return SetPlan(ds, "extract", disk_bytes=_shard_disk(config, tokens, samples, bytes_per_token))
 
-    done = tally_done(set_dir / ".journal", fingerprint)
-    prompts_path = prompts_dir / f"{ds}.jsonl"
+    done = tally_done(layout.journal(ds), fingerprint)
+    prompts_path = layout.prompt_set(ds)
     if prompts_path.is_file():
         prompts = read_jsonl(prompts_path)
         done = {prompt["id"]: done[prompt["id"]] for prompt in prompts if prompt["id"] in done}
@@ -396,16 +387,16 @@ def _record_tokens(record: dict[str, Any], max_tokens: int) -> int:
     return int((record.get("usage") or {}).get("prompt_tokens") or 0) + _completion_tokens(record, max_tokens)
 
 
-def _generated_tokens(set_dir: Path, max_tokens: int) -> tuple[int, int]:
+def _generated_tokens(layout: RunLayout, ds: str, max_tokens: int) -> tuple[int, int]:
     """(tokens, samples) a finished set feeds the hidden stage: exact from the token file's header once
     it exists (cheap), else billed prompt plus completion tokens from responses.jsonl."""
-    tokens_path = set_dir / "tokens.safetensors"
+    tokens_path = layout.tokens(ds)
     if tokens_path.is_file():
         with open(tokens_path, "rb") as handle:
             (header_len,) = struct.unpack("<Q", handle.read(8))
             header = json.loads(handle.read(header_len))
         return int(header["input_ids"]["shape"][0]), int(header["offsets"]["shape"][0]) - 1
-    records = read_jsonl(set_dir / "responses.jsonl")
+    records = read_jsonl(layout.responses(ds))
     return sum(_record_tokens(record, max_tokens) for record in records), len(records)
 
 

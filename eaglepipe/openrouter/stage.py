@@ -17,6 +17,7 @@ from typing import Any
 
 from eaglepipe.config import is_local_api
 from eaglepipe.io import write_json
+from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import RoutingPolicy, dearest_price, fetch_providers, provider_request
@@ -184,10 +185,10 @@ def _probe_loading(target_dir: Path | None) -> Iterator[Future]:
         yield loader.submit(lambda: usability_probe(target_dir) if target_dir else None)
 
 
-def check_key_for_pending_sets(config: dict[str, Any], datasets: list[str], results: Path) -> None:
+def check_key_for_pending_sets(config: dict[str, Any], datasets: list[str], layout: RunLayout) -> None:
     """`onstart`: fail before any job when a set still needs paid generation and there is no usable key."""
     if is_local_api(config) or config["api"]["self_hosted"]:
         return
-    pending = [ds for ds in datasets if not (results / ds / "responses.jsonl").is_file()]
+    pending = [ds for ds in datasets if not layout.responses(ds).is_file()]
     if pending:
         read_api_key(config["api"]["key_file"], config["api"]["key_file_env"])
