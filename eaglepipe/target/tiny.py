@@ -160,6 +160,7 @@ class TinyTargetError(ValueError):
 class TeacherSample:
     prompt_ids: list[int]
     answer_ids: list[int]  # the stop id last
+    calls_tool: bool
 
 
 CODE_WORDS = (
@@ -227,10 +228,6 @@ def teacher_answer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] |
     return {"reasoning": reasoning, "content": content, "tool_calls": None}
 
 
-def _calls_tool(conversation: dict[str, Any]) -> bool:
-    return bool(teacher_answer(conversation["messages"], conversation.get("tools"))["tool_calls"])
-
-
 def teacher_samples(tokenizer: KimiTokenizer, conversations: list[dict[str, Any]]) -> list[TeacherSample]:
     """Each conversation rendered as a thinking turn (tools declared in TypeScript, as Kimi's template
     does), with its teacher answer."""
@@ -241,7 +238,8 @@ def teacher_samples(tokenizer: KimiTokenizer, conversations: list[dict[str, Any]
         answer = teacher_answer(messages, tools)
         segments = chat.completion_segments(**answer, truncated=False, thinking=True)
         prompt = chat.prompt_ids(messages, tools, thinking=True, tool_format="typescript")
-        samples.append(TeacherSample(prompt, encode_segments(tokenizer, segments)))
+        answer_ids = encode_segments(tokenizer, segments)
+        samples.append(TeacherSample(prompt, answer_ids, calls_tool=bool(answer["tool_calls"])))
     return samples
 
 
@@ -410,8 +408,7 @@ def trained_text_model(teacher_paths: list[Path]) -> tuple[dict[str, torch.Tenso
     with tempfile.TemporaryDirectory(prefix="eaglepipe-kimi-layout-") as scratch:
         tokenizer = KimiTokenizer.from_dir(ensure_kimi_layout(Path(scratch) / "tokenizer").directory)
         samples = teacher_samples(tokenizer, conversations)
-    calls = [s for s, c in zip(samples, conversations, strict=True) if _calls_tool(c)]
-    samples += calls * (TOOL_CALL_REPEATS - 1)
+    samples += [s for s in samples if s.calls_tool] * (TOOL_CALL_REPEATS - 1)
     log.info("tiny target: training on %d teacher answers", len(samples))
     return train_on_teacher(samples, TEXT_CONFIG["vocab_size"]), recipe_fingerprint(conversations)
 
