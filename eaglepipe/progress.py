@@ -8,7 +8,16 @@ import logging
 import time
 from collections.abc import Callable
 
-from eaglepipe.openrouter.progress import PLAIN_LINE_EVERY_S, format_eta
+# On a terminal generation's line is redrawn every tick; in a log file a plain line this often is enough.
+PLAIN_LINE_EVERY_S = 30.0
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 class StepProgress:

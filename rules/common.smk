@@ -80,7 +80,7 @@ GENERATION_FINGERPRINT = config_fingerprint(config)
 # spends (parse time cannot tell the two apart). Jobs that Snakemake re-parses the workflow for
 # (`--mode subprocess` / `remote`) skip it.
 if workflow.is_main_process:
-    from eaglepipe.openrouter.plan import print_spend_plan
+    from eaglepipe.plan import print_spend_plan
 
     print_spend_plan(
         config,

@@ -9,7 +9,7 @@ import pytest
 
 from eaglepipe.emulator.kimi_synthetic import kimi_corpus, reply_record
 from eaglepipe.emulator.text_like import SWITCHES
-from eaglepipe.openrouter.plan import InputTokens
+from eaglepipe.plan.estimate import InputTokens
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.chat import normalize_messages, render_prompt_ids, stop_token_id
 from eaglepipe.target.chat_format import Layout

@@ -26,9 +26,9 @@ from eaglepipe.openrouter.client import (
     generate_set,
     prompt_tokens_bound,
 )
+from eaglepipe.openrouter.console import ProviderStats
 from eaglepipe.openrouter.journal import read_records
 from eaglepipe.openrouter.ledger import read_ledger
-from eaglepipe.openrouter.progress import ProviderStats
 from eaglepipe.openrouter.secrets import read_api_key
 from eaglepipe.tokens.reply import parse_reply
 

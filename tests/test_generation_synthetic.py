@@ -15,8 +15,8 @@ import pytest
 
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
+from eaglepipe.openrouter.console import ProgressLine
 from eaglepipe.openrouter.ledger import read_ledger
-from eaglepipe.openrouter.progress import ProgressLine
 from eaglepipe.openrouter.stage import run_generation, write_providers
 
 MODEL = "moonshotai/kimi-k2.5"

@@ -14,14 +14,10 @@ from safetensors.numpy import save_file
 
 from eaglepipe.config import validate_config
 from eaglepipe.layout import RunLayout
-from eaglepipe.openrouter.plan import (
-    Prices,
-    command_line_targets,
-    format_plan,
-    sets_named_by,
-    spend_plan,
-    target_hidden_size,
-)
+from eaglepipe.plan import command_line_targets, sets_named_by
+from eaglepipe.plan.estimate import spend_plan, target_hidden_size
+from eaglepipe.plan.model import Prices
+from eaglepipe.plan.table import format_plan
 
 REPO = Path(__file__).resolve().parent.parent
 FINGERPRINT = "0123456789abcdef"

@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors.torch import load_file
-
 from eaglepipe.drafter import DrafterError
+from eaglepipe.tokens.token_file import read_token_rows
 
 
 def select_holdout(token_stats: list[Path], *, per_dataset: int, explicit: list[str]) -> list[str]:
@@ -34,13 +33,10 @@ def holdout_prompts(
     wanted = set(holdout_ids)
     found: list[tuple[str, str, list[int]]] = []
     for dataset, tensors_path, stats_path in zip(datasets, token_files, token_stats, strict=True):
-        rows = json.loads(Path(stats_path).read_text())["prompt_ids"]
-        tensors = load_file(str(tensors_path))
-        offsets, prompt_len, ids = tensors["offsets"], tensors["prompt_len"], tensors["input_ids"]
-        for row, pid in enumerate(rows):
+        rows = read_token_rows(tensors_path, stats_path)
+        for row, pid in enumerate(rows.prompt_ids):
             if pid in wanted:
-                start = int(offsets[row])
-                found.append((dataset, pid, ids[start : start + int(prompt_len[row])].tolist()))
+                found.append((dataset, pid, rows.prompt(row).tolist()))
     return found
 
 

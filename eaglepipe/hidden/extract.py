@@ -8,7 +8,6 @@ kept, and the job refuses to start when the disk cannot hold the shards still to
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor
 
 from eaglepipe.hidden import HiddenError
@@ -42,6 +40,7 @@ from eaglepipe.io import file_sha256, write_json
 from eaglepipe.progress import StepProgress
 from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import check_aux_layers, default_aux_layers
+from eaglepipe.tokens.token_file import TokenFileError, read_token_rows
 
 log = logging.getLogger(__name__)
 
@@ -85,28 +84,24 @@ class SetTokens:
 
 
 def read_set_tokens(tokens_path: Path, token_stats_path: Path, settings: HiddenSettings) -> SetTokens:
-    tokens = load_file(str(tokens_path))
-    prompt_ids = json.loads(Path(token_stats_path).read_text())["prompt_ids"]
-    offsets = tokens["offsets"].tolist()
-    if len(prompt_ids) != len(offsets) - 1:
-        raise HiddenError(
-            f"{tokens_path}: {len(offsets) - 1} rows but {token_stats_path} lists {len(prompt_ids)} ids: "
-            "rerun the tokens rule"
-        )
-    lengths = [offsets[r + 1] - offsets[r] for r in range(len(prompt_ids))]
+    try:
+        tokens = read_token_rows(tokens_path, token_stats_path)
+    except TokenFileError as error:
+        raise HiddenError(str(error)) from None
+    offsets = tokens.offsets
+    lengths = [offsets[r + 1] - offsets[r] for r in range(len(tokens.prompt_ids))]
     rows = select_rows(
-        prompt_ids,
+        tokens.prompt_ids,
         lengths,
         max_samples=settings.max_samples,
         max_tokens=settings.max_tokens,
         seed=settings.seed,
     )
-    ids, mask = tokens["input_ids"].long(), tokens["loss_mask"].bool()
     return SetTokens(
-        prompt_ids=[prompt_ids[r] for r in rows],
-        samples=[ids[offsets[r] : offsets[r + 1]] for r in rows],
-        masks=[mask[offsets[r] : offsets[r + 1]] for r in rows],
-        of_samples=len(prompt_ids),
+        prompt_ids=[tokens.prompt_ids[r] for r in rows],
+        samples=[tokens.ids(r).long() for r in rows],
+        masks=[tokens.mask(r).bool() for r in rows],
+        of_samples=len(tokens.prompt_ids),
         of_tokens=offsets[-1],
     )
 

@@ -35,16 +35,17 @@ from eaglepipe.openrouter.appendlog import AppendLog
 from eaglepipe.openrouter.breaker import ProviderBreaker
 from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
+from eaglepipe.openrouter.console import ProgressLine, ProviderStats, provider_table
 from eaglepipe.openrouter.errors import OpenRouterError, one_line
 from eaglepipe.openrouter.journal import open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, OtherJobs, RunLedger
-from eaglepipe.openrouter.plan import prompt_json_bytes
-from eaglepipe.openrouter.progress import ProgressLine, ProviderStats, format_eta, provider_table
 from eaglepipe.openrouter.recovered import rebuilt_answer
 from eaglepipe.openrouter.recovery import KeyState, check_key, generation_contents, recover_generations
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.verdict import Verdict, verdict
+from eaglepipe.progress import format_eta
+from eaglepipe.prompts.size import prompt_json_bytes
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-# On a terminal the line is redrawn every tick; in a log file a plain line this often is enough.
-PLAIN_LINE_EVERY_S = 30.0
+from eaglepipe.progress import PLAIN_LINE_EVERY_S
 
 
 @dataclass
@@ -49,14 +48,6 @@ def provider_table(stats: dict[str, ProviderStats]) -> str:
             f"{row['usd_per_m_tokens']:>9.3f}{row['truncated']:>7}{row['empty']:>7}"
         )
     return "\n".join(lines)
-
-
-def format_eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 class ProgressLine:

@@ -1,0 +1,84 @@
+"""The spend plan: what the sets still to generate will cost and what their hidden states will take on disk.
+
+Printed at parse time, so `snakemake -n` shows it and a real run shows the same plan before it spends.
+`estimate` reads the files, `table` words the result; this module picks the sets a command targets.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+from eaglepipe.layout import RunLayout
+from eaglepipe.plan.estimate import spend_plan
+from eaglepipe.plan.table import format_plan
+
+
+def sets_named_by(targets: Iterable[str], datasets: list[str], layout: RunLayout) -> list[str]:
+    """The sets whose files the targets are (a prompt file buys nothing); every set when no target is
+    given or one is not a single set's file (a rule name, the drafter), since those need every set."""
+    targets = list(targets)
+    if not targets:
+        return list(datasets)
+    named = set()
+    for target in targets:
+        kind, ds = _set_file(target, datasets, layout)
+        if kind == "set":
+            named.add(ds)
+        elif kind != "prompts":
+            return list(datasets)
+    return [ds for ds in datasets if ds in named]
+
+
+def _set_file(path: str, datasets: list[str], layout: RunLayout) -> tuple[str | None, str]:
+    """("set", ds) for a file in a set's folder, ("prompts", ds) for a built prompt set, else (None, "")."""
+    parts, root, prompts = _parts(path), _parts(layout.results), _parts(layout.prompts)
+    below_root = parts[len(root):] if parts[: len(root)] == root else ()
+    below_prompts = parts[len(prompts):] if parts[: len(prompts)] == prompts else ()
+    if len(below_root) >= 2 and below_root[0] in datasets:
+        return "set", below_root[0]
+    if len(below_prompts) == 1 and below_prompts[0].endswith(".jsonl"):
+        return "prompts", below_prompts[0].removesuffix(".jsonl")
+    return None, ""
+
+
+def _parts(path: str | Path) -> tuple[str, ...]:
+    return Path(os.path.normpath(path)).parts
+
+
+def command_line_targets(argv: list[str]) -> list[str]:
+    """The targets of a `snakemake` command line, parsed by Snakemake's own parser (at parse time the
+    workflow does not know them yet); none when this process was not started as `snakemake`. Building
+    that parser costs most of a second, so callers first check that a word could be a target at all."""
+    program = Path(argv[0]) if argv else Path()
+    if "snakemake" not in (program.name, program.parent.name):
+        return []
+    from snakemake.cli import get_argument_parser
+
+    args, _unknown = get_argument_parser().parse_known_args(argv[1:])
+    return list(args.targets or [])
+
+
+def print_spend_plan(
+    config: dict[str, Any],
+    datasets: list[str],
+    fingerprint: str,
+    *,
+    argv: list[str],
+    layout: RunLayout,
+    stream: TextIO = sys.stderr,
+) -> None:
+    """The parse-time hook: the plan for the sets the command line targets. Advisory, so a failure to
+    plan is reported in one line and never stops the workflow."""
+    try:
+        could_narrow = any(_set_file(word, datasets, layout)[0] for word in argv[1:])
+        targets = command_line_targets(argv) if could_narrow else []
+        scope = sets_named_by(targets, datasets, layout)
+        plan = spend_plan(config, scope, fingerprint, layout=layout)
+    except Exception as error:  # whatever breaks an estimate must not block the run
+        print(f"eaglepipe: no spend plan ({type(error).__name__}: {error})", file=stream)
+        return
+    print(format_plan(plan), file=stream)

@@ -1,0 +1,68 @@
+"""What the spend plan knows: per set and run-wide, each figure None where it cannot be known yet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per token of the dearest kept endpoint, each side separately, so the plan is an upper bound."""
+
+    prompt: float
+    completion: float
+    source: str
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return input_tokens * self.prompt + output_tokens * self.completion
+
+
+@dataclass(frozen=True)
+class SetPlan:
+    """One prompt set. `status`: generate (no responses yet), extract (no hidden states yet) or done.
+    None means unknown; `coverage` is filled in run-wide, in config order."""
+
+    name: str
+    status: str
+    prompts: int | None = None
+    left: int | None = None
+    input_tokens: int | None = None
+    per_answer: int | None = None
+    per_answer_source: str = ""
+    output_tokens: int | None = None
+    capped: bool = False
+    usd: float | None = None
+    # True when the input tokens are unknown (prompts not built yet): `usd` then covers the outputs only.
+    usd_at_least: bool = False
+    coverage: str = "-"
+    disk_bytes: int | None = None
+    disk_at_least: bool = False  # input tokens unknown: the outputs' share only
+
+
+@dataclass(frozen=True)
+class SpendPlan:
+    results: Path
+    sets: list[SetPlan]
+    prices: Prices | None
+    input_method: str | None
+    max_tokens: int
+    target_dir: Path
+    spent_usd: float
+    budget_usd: float
+    hidden_size: int | None
+    dtype: str
+    hidden_caps: str = ""  # "1,250 samples (hidden.max_samples)": what bounds each set's shards
+    # Presentation: where hidden_size came from, and whether the API is the local emulator.
+    hidden_size_source: str = "the target's config.json"
+    emulated: bool = False
+
+    @property
+    def remaining_usd(self) -> float:
+        return max(self.budget_usd - self.spent_usd, 0.0)
+
+    @property
+    def has_work(self) -> bool:
+        return any(item.status != "done" for item in self.sets)
