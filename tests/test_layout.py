@@ -3,9 +3,11 @@ and the generation stage's key check with it, with no other edit."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
+from pathlib import Path
 
 import yaml
 from tiny_run import PROMPTS, RESULTS_ROOT, snakemake, tiny_config, write_prompts
@@ -49,3 +51,22 @@ def test_a_renamed_file_moves_every_rule_and_the_spend_plan(tmp_path, model_dir)
     assert "tiny-b/answers.jsonl" in out and "responses.jsonl" not in out
     plan_rows = {m[1]: m[2] for m in re.finditer(r"^(tiny-[ab])\s+(\w+)", out, re.M)}
     assert plan_rows == {"tiny-a": "extract", "tiny-b": "generate"}, out[:3000]
+
+
+def test_no_module_but_the_layout_spells_a_run_file_name():
+    """A path built elsewhere would not follow a rename: only layout.py and rules/common.smk may name them."""
+    layout = RunLayout.from_paths("r", "p")
+    run_wide = ("providers", "ledger", "train_report", "evaluation", "curve", "run_summary", "report")
+    members = [getattr(layout, name) for name in run_wide]
+    members += [layout.responses(), layout.responses_summary(), layout.journal(), layout.tokens()]
+    members += [layout.token_stats(), layout.hidden_done()]
+    names = {path.name for path in members}
+    repo = Path(__file__).resolve().parent.parent
+    spelled = []
+    for path in [*(repo / "eaglepipe").rglob("*.py"), *(repo / "scripts").glob("*.py")]:
+        if path.name == "layout.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                spelled.append(f"{path.relative_to(repo)}:{node.lineno}: {node.value!r}")
+    assert names and spelled == []
