@@ -80,9 +80,24 @@ def prompts(count: int) -> list[dict[str, Any]]:
 
 
 async def run_eaglepipe(url: str, count: int, in_flight: int, stream: bool, max_tokens: int) -> int:
-    from eaglepipe.openrouter.client import GenerationSettings, generate_set
+    import dataclasses
 
-    settings = GenerationSettings(
+    from eaglepipe.config import validate_config
+    from eaglepipe.openrouter.client import generate_set
+    from eaglepipe.openrouter.settings import GenerationSettings
+
+    schema = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+    config = validate_config(
+        {"datasets": ["bench"], "sources": {"bench": {"type": "jsonl", "path": "-"}},
+         "target": {"name": "t", "path": "-"}, "api": {"model": MODEL}},
+        schema,
+    )
+    defaults = GenerationSettings.from_sections(
+        config["generation"], model=MODEL, base_url=url, fingerprint="bench", kept=[], provider_obj=None,
+        output_token_budget=None, usd_budget=None, max_failed_fraction=0.0,
+    )
+    settings = dataclasses.replace(
+        defaults,
         base_url=url,
         model=MODEL,
         fingerprint="bench",

@@ -31,6 +31,11 @@ class RunLayout:
         return self.results / "providers.json"
 
     @property
+    def generation_settings(self) -> Path:
+        """The operational generation settings, an ancient input of every generate job."""
+        return self.results / "generation_settings.json"
+
+    @property
     def ledger(self) -> Path:
         """The directory of the run's spending ledger, shared by every generation job."""
         return self.results / ".ledger"

@@ -8,6 +8,7 @@ from eaglepipe.config import ConfigError, is_local_api, validate_config
 from eaglepipe.figures import FIGURES
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.fingerprint import config_fingerprint
+from eaglepipe.openrouter.settings import operational_params, request_params
 from eaglepipe.target.tiny import TEACHER_FILES, TINY_TARGETS
 
 try:

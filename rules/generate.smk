@@ -2,6 +2,24 @@
 # failed or killed job never loses a paid response); responses.jsonl is written once, atomically, at the end.
 
 
+# How a generate job runs and reaches its server (eaglepipe.openrouter.settings.operational_params:
+# concurrency, retries, timeouts, breaker, probe, stream, the key file's path, the target directory). A
+# change reruns this rule only: generate takes its file as an ancient input, so the change holds for the
+# next set to run and reruns no finished one. What shapes the answers is generate's own `request` param.
+rule generation_settings:
+    output:
+        settings=LAYOUT.generation_settings,
+    params:
+        operational=operational_params(config),
+    log:
+        job=LAYOUT.log("generation_settings.log"),
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/generation_settings.py"
+
+
 rule providers:
     input:
         model=embedded_target() if LOCAL_API else [],
@@ -17,6 +35,11 @@ rule providers:
         self_hosted=config["api"]["self_hosted"],
         routing=config["routing"],
         max_tokens=config["generation"]["max_tokens"],
+        # How the job reaches the server; the key file's path, never the key.
+        key_file=config["api"]["key_file"],
+        key_file_env=config["api"]["key_file_env"],
+        emulator_text_like=config["api"]["emulator_text_like"],
+        target_path=TARGET_DIR,
     log:
         job=LAYOUT.log("providers.log"),
         emulator=LAYOUT.log("providers.emulator.log"),
@@ -32,13 +55,17 @@ rule generate:
         prompts=LAYOUT.prompt_set(),
         # ancient: refreshing the endpoint list alone must not re-buy responses.
         providers=ancient(LAYOUT.providers),
+        # ancient: operational settings (concurrency, retries, ...) must not rerun a finished set either.
+        settings=ancient(LAYOUT.generation_settings),
         model=embedded_target() if LOCAL_API else [],
     output:
         responses=LAYOUT.responses(),
     params:
         # Only what changes the responses or completes a set belongs here: a change reruns the (paid) job,
-        # which then resumes from the journal.
+        # which then resumes from the journal. Everything else comes from the settings input.
         fingerprint=GENERATION_FINGERPRINT,
+        # The answer-shaping config the fingerprint hashes (eaglepipe.openrouter.settings.request_params).
+        request=request_params(config),
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
         usd_budget=config["budget"]["usd"],
         max_failed_fraction=config["generation"]["max_failed_fraction"],

@@ -3,11 +3,11 @@
 from pathlib import Path
 
 from eaglepipe.jobs import snakemake_job
-from eaglepipe.openrouter.stage import run_generation
+from eaglepipe.openrouter.stage import JobSettings, run_generation
 
 with snakemake_job(snakemake):
     run_generation(
-        snakemake.config,
+        JobSettings.from_params(snakemake.params.request, Path(snakemake.input.settings)),
         prompts_path=Path(snakemake.input.prompts),
         providers_path=Path(snakemake.input.providers),
         responses_path=Path(snakemake.output.responses),

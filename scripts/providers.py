@@ -3,11 +3,22 @@
 from pathlib import Path
 
 from eaglepipe.jobs import snakemake_job
-from eaglepipe.openrouter.stage import write_providers
+from eaglepipe.openrouter.settings import ApiSettings
+from eaglepipe.openrouter.stage import routing_policy, write_providers
 
+params = snakemake.params
 with snakemake_job(snakemake):
     write_providers(
-        snakemake.config,
         Path(snakemake.output.providers),
+        api=ApiSettings(
+            model=params.model,
+            base_url=params.base_url,
+            self_hosted=params.self_hosted,
+            key_file=params.key_file,
+            key_file_env=params.key_file_env,
+            emulator_text_like=params.emulator_text_like,
+            target_path=params.target_path,
+        ),
+        routing=routing_policy(params.routing, params.max_tokens),
         emulator_log=Path(snakemake.log.emulator),
     )

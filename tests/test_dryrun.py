@@ -28,7 +28,7 @@ def test_dry_run_plans_the_real_run_without_a_key(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     assert job_counts(run.stdout) == {
-        "prompts": 8, "providers": 1, "generate": 8, "tokens": 8, "hidden": 8,
+        "prompts": 8, "providers": 1, "generation_settings": 1, "generate": 8, "tokens": 8, "hidden": 8,
         "train_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1,
     }
     assert "resources/prompts/B5.jsonl" in run.stdout and not (tmp_path / "results").exists()
@@ -37,7 +37,8 @@ def test_dry_run_plans_the_real_run_without_a_key(tmp_path):
 def test_one_sets_hidden_states_plan_only_that_chain(tmp_path):
     run = snakemake(tmp_path, "-n", "results/B5/hidden.done")
     assert run.returncode == 0, run.stderr[-2000:]
-    assert job_counts(run.stdout) == {"prompts": 1, "providers": 1, "generate": 1, "tokens": 1, "hidden": 1}
+    assert job_counts(run.stdout) == {"prompts": 1, "providers": 1, "generation_settings": 1, "generate": 1,
+                                      "tokens": 1, "hidden": 1}
     assert not re.search(r"B[1-46-8]\b", run.stdout)
 
 

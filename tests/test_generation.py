@@ -11,8 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
+from generation_defaults import generation_settings
 
-from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary
+from eaglepipe.openrouter.client import GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.fingerprint import request_fingerprint
 from eaglepipe.openrouter.journal import RECORDS_FILE, read_records
@@ -20,6 +21,7 @@ from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
 from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import read_api_key
+from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.rebuild import Rebuilder
@@ -73,7 +75,7 @@ def settings_for(base_url: str, provider_obj: dict[str, Any] | None, **changes: 
     fields["fingerprint"] = request_fingerprint(
         MODEL, "emulator", provider_obj, fields["sampling"], fields["max_tokens"], None
     )
-    return GenerationSettings(**fields)
+    return generation_settings(**fields)
 
 
 def billed(base_url: str) -> int:

@@ -17,11 +17,11 @@ import anyio
 import httpx
 import pytest
 import yaml
+from generation_defaults import generation_settings
 
 from eaglepipe.emulator.api_schemas import validate
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.client import (
-    GenerationSettings,
     GenerationSummary,
     generate_set,
     prompt_tokens_bound,
@@ -73,7 +73,7 @@ def emulator(
 def generate(
     url: str, folder: Path, prompts: list[dict[str, Any]] = PROMPTS, api_key: Any = None, **changes: Any
 ) -> GenerationSummary:
-    settings = GenerationSettings(
+    settings = generation_settings(
         **{
             "base_url": url,
             "model": MODEL,

@@ -15,12 +15,13 @@ from typing import Any
 import anyio
 import pytest
 import uvicorn
+from generation_defaults import generation_settings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
+from eaglepipe.openrouter.client import GenerationSummary, generate_set
 from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.tokens.probe import usability_probe
@@ -260,7 +261,7 @@ def run(
     server: ScriptedServer, scripts: list[str], journal: Path, probe: Any = None, **changes: Any
 ) -> GenerationSummary:
     prompts = [{"id": name, "messages": [{"role": "user", "content": name}]} for name in scripts]
-    settings = GenerationSettings(
+    settings = generation_settings(
         **{
             "base_url": server.base_url,
             "model": "m",

@@ -12,12 +12,21 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from generation_defaults import default_config, generation_settings
 
 from eaglepipe.emulator.runner import running_emulator
-from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, generate_set
+from eaglepipe.openrouter.client import GenerationSummary, generate_set
 from eaglepipe.openrouter.console import ProgressLine
+from eaglepipe.openrouter.fingerprint import config_fingerprint
 from eaglepipe.openrouter.ledger import read_ledger
-from eaglepipe.openrouter.stage import run_generation, write_providers
+from eaglepipe.openrouter.settings import ApiSettings, operational_params, request_params
+from eaglepipe.openrouter.stage import (
+    JobSettings,
+    routing_policy,
+    run_generation,
+    write_job_settings,
+    write_providers,
+)
 
 MODEL = "moonshotai/kimi-k2.5"
 
@@ -56,7 +65,7 @@ def generate(url: str, results: Path, count: int, **changes: Any) -> GenerationS
         "recovery_wait_s": 0.0,
         **changes,
     }
-    settings = GenerationSettings(**fields)
+    settings = generation_settings(**fields)
 
     async def run() -> GenerationSummary:
         return await generate_set(
@@ -103,22 +112,22 @@ def test_summary_accounts_per_provider_and_reconciles_with_the_key(
 def test_a_self_hosted_server_gets_no_routing_and_keeps_its_token_ids(
     synthetic_url: str, tmp_path: Path
 ) -> None:
-    config = {
-        "api": {
+    config = default_config(
+        api={
             "base_url": synthetic_url,
             "model": MODEL,
             "self_hosted": True,
             "key_file": None,
             "key_file_env": "EAGLEPIPE_TEST_NO_SUCH_VARIABLE",
         },
-        "routing": {
+        routing={
             "quantizations": ["int4"],
             "ignore": [],
             "only": [],
             "min_uptime": None,
             "require_parameters": [],
         },
-        "generation": {
+        generation={
             "max_tokens": 64,
             "temperature": 1.0,
             "top_p": 1.0,
@@ -134,15 +143,20 @@ def test_a_self_hosted_server_gets_no_routing_and_keeps_its_token_ids(
             "breaker_strikes": 5,
             "breaker_share": 0.2,
         },
-        "target": {"path": str(tmp_path / "none")},
-    }
+        target={"name": "t", "path": str(tmp_path / "none")},
+    )
     results = tmp_path / "results"
-    write_providers(config, results / "providers.json")
+    api = ApiSettings.from_sections(config["api"], config["target"]["path"])
+    routing = routing_policy(config["routing"], config["generation"]["max_tokens"])
+    write_providers(results / "providers.json", api=api, routing=routing)
     assert json.loads((results / "providers.json").read_text())["self_hosted"] is True
+    settings_file = results / "generation_settings.json"
+    write_job_settings(settings_file, operational_params(config))
+    fingerprint = config_fingerprint(config)
     prompt_file = results / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps(p) + "\n" for p in prompts(4)))
     summary = run_generation(
-        config,
+        JobSettings.from_params(request_params(config), settings_file),
         prompts_path=prompt_file,
         providers_path=results / "providers.json",
         responses_path=results / "s" / "responses.jsonl",
@@ -150,7 +164,7 @@ def test_a_self_hosted_server_gets_no_routing_and_keeps_its_token_ids(
         journal_dir=results / "s" / ".journal",
         ledger_dir=results / ".ledger",
         dataset="s",
-        fingerprint="self",
+        fingerprint=fingerprint,
         output_token_budget=10_000,
         usd_budget=10.0,
         max_failed_fraction=0.0,

@@ -20,8 +20,8 @@ from tiny_run import PROMPTS, REPO, RESULTS_ROOT, planned_jobs, snakemake, write
 pytestmark = pytest.mark.slow
 
 # What the real config plans on a fresh clone (tests/test_dryrun.py checks the same table there).
-REAL_FRESH_PLAN = {"prompts": 8, "providers": 1, "generate": 8, "tokens": 8, "hidden": 8,
-                   "train_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1}
+REAL_FRESH_PLAN = {"prompts": 8, "providers": 1, "generation_settings": 1, "generate": 8, "tokens": 8,
+                   "hidden": 8, "train_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1}
 
 
 def real_dry_run(workdir, *args):
@@ -125,8 +125,9 @@ def test_real_config_files_change_nothing_the_embedded_run_plans(tiny_pipeline):
         seen = real_dry_run(tiny_pipeline)
         assert "budget.usd $100.00: $12.5000 spent so far" in seen.stderr
         # B1 and providers.json count as done; the drafter needs every set, so it is planned anyway.
-        assert planned_jobs(seen) == {"prompts": 7, "generate": 7, "tokens": 7, "hidden": 7,
-                                      "train_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1}
+        assert planned_jobs(seen) == {"prompts": 7, "generation_settings": 1, "generate": 7, "tokens": 7,
+                                      "hidden": 7, "train_drafter": 1, "evaluate_drafter": 1, "figures": 1,
+                                      "all": 1}
     finally:
         for name in (".ledger", "providers.json", "drafter", "B1"):
             path = real / name

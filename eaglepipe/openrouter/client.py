@@ -43,6 +43,7 @@ from eaglepipe.openrouter.recovered import rebuilt_answer
 from eaglepipe.openrouter.recovery import KeyState, check_key, generation_contents, recover_generations
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
+from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.openrouter.verdict import Verdict, verdict
 from eaglepipe.progress import format_eta
 from eaglepipe.prompts.size import prompt_json_bytes
@@ -67,85 +68,6 @@ class UsabilityProbe(Protocol):
     def __call__(self, prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
         """Why the journaled answer `record` to `prompt` cannot be trained on, or None."""
         ...
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    """One prompt set's request shape and run limits. `fingerprint` is computed by the caller from the
-    configured server identity (see `request_fingerprint`), since `base_url` may carry a per-run port.
-    `output_token_budget` caps the set's completion tokens, resumed ones included, so a plain rerun of a
-    set stopped by its budget does not spend a second budget. `concurrency` and `usd_budget` hold for the
-    whole run: jobs running at once split the first and share the second through the ledger."""
-
-    base_url: str
-    model: str
-    fingerprint: str
-    max_tokens: int
-    sampling: dict[str, Any] = field(default_factory=dict)
-    provider_obj: dict[str, Any] | None = None
-    # Display names (as responses report them) of the endpoints routing kept; empty = any server.
-    allowed_providers: tuple[str, ...] = ()
-    # (display name, tag) of each kept endpoint: dropping a provider removes its tags from `provider.only`.
-    endpoint_tags: tuple[tuple[str, str], ...] = ()
-    # The circuit breaker (breaker.py) and the usability probe's length (answers checked per provider).
-    breaker_strikes: int = 5
-    breaker_share: float = 0.2
-    probe_answers: int = 20
-    reasoning: dict[str, Any] | None = None
-    concurrency: int = 16
-    max_attempts: int = 5
-    request_timeout_s: float = 600.0
-    output_token_budget: int | None = None
-    usd_budget: float | None = None
-    # An upper bound on one request's cost, used until answers are seen (dearest price x max_tokens).
-    expected_request_usd: float = 0.0
-    # The dearest kept endpoint's prompt price (USD per token): with the above, what OpenRouter reserves per
-    # request in flight, which sizes the first wave against the key's `limit_remaining`.
-    prompt_usd_per_token: float = 0.0
-    max_failed_fraction: float = 0.0
-    stream: bool = True
-    return_token_ids: bool = False
-    # Ask for each output token's logprob and bytes (exact ids for the token stage where providers send them).
-    logprobs: bool = False
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
-    # How long to wait for `GET /generation` to know a request that was cut off or killed.
-    recovery_wait_s: float = 10.0
-    progress: bool = True
-    # The server is the project's emulator (api.base_url: local): its providers and dollars are simulated.
-    emulated: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("max_tokens", "concurrency", "max_attempts"):
-            if getattr(self, name) < 1:
-                raise OpenRouterError(
-                    f"generation setting {name} = {getattr(self, name)}: must be at least 1"
-                )
-        if self.request_timeout_s <= 0:
-            raise OpenRouterError(
-                f"generation setting request_timeout_s = {self.request_timeout_s}: must be > 0"
-            )
-
-    def shared_request_fields(self, dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
-        """The request body minus the prompt: also what each record keeps as its `request`. Endpoints of
-        `dropped` providers (display names, lower case) leave `provider.only`."""
-        fields: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
-        fields.update({key: value for key, value in self.sampling.items() if value is not None})
-        if self.provider_obj is not None:
-            fields["provider"] = self.provider_obj
-            gone = {tag for name, tag in self.endpoint_tags if name.lower() in dropped}
-            if gone and "only" in self.provider_obj:
-                only = [tag for tag in self.provider_obj["only"] if tag not in gone]
-                fields["provider"] = {**self.provider_obj, "only": only}
-        if self.reasoning is not None:
-            fields["reasoning"] = self.reasoning
-        fields["usage"] = {"include": True}
-        fields["stream"] = self.stream
-        if self.return_token_ids:
-            fields["return_token_ids"] = True
-        if self.logprobs:
-            fields.update(logprobs=True, top_logprobs=0)
-        return fields
 
 
 @dataclass

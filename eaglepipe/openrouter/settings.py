@@ -1,0 +1,218 @@
+"""What one generation job runs with, built from the validated config's sections.
+
+The schema (schemas/config.schema.yaml) is the only source of defaults for configured fields: those fields
+have none here, so a default can no longer drift from the schema. What has a default is not a config key
+(the per-run URL, values read from providers.json, internal knobs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eaglepipe.openrouter.errors import OpenRouterError
+from eaglepipe.openrouter.routing import dearest_price
+
+# `generation` keys that change how a job runs, not what it asks: they reach the job through the
+# generation_settings file, so changing one reruns no finished set. The other keys shape the answers (they
+# are in the request fingerprint) and are the generate rule's own params.
+OPERATIONAL_KEYS = (
+    "concurrency",
+    "max_attempts",
+    "request_timeout_s",
+    "stream",
+    "probe_answers",
+    "breaker_strikes",
+    "breaker_share",
+)
+# The generate rule's params, besides the budgets and the fingerprint (the spend plan reads
+# expected_completion_tokens from the config itself).
+REQUEST_KEYS = ("max_tokens", "temperature", "top_p", "seed", "reasoning", "return_token_ids", "logprobs")
+
+
+def request_params(config: dict[str, Any]) -> dict[str, Any]:
+    """What shapes the answers, as the generate rule's param (a change also changes its fingerprint)."""
+    api = config["api"]
+    return {
+        "model": api["model"],
+        "base_url": api["base_url"],
+        "emulator_text_like": api["emulator_text_like"],
+        "routing": config["routing"],
+        "generation": {key: config["generation"][key] for key in REQUEST_KEYS},
+    }
+
+
+def operational_params(config: dict[str, Any]) -> dict[str, Any]:
+    """How a generate job runs and reaches its server, as the generation_settings rule's param."""
+    api = config["api"]
+    return {
+        "self_hosted": api["self_hosted"],
+        "key_file": api["key_file"],
+        "key_file_env": api["key_file_env"],
+        "target_path": config["target"]["path"],
+        "generation": {key: config["generation"][key] for key in OPERATIONAL_KEYS},
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationSettings:
+    """One prompt set's request shape and run limits. `fingerprint` is computed by the caller from the
+    configured server identity (see `request_fingerprint`), since `base_url` may carry a per-run port.
+    `output_token_budget` caps the set's completion tokens, resumed ones included, so a plain rerun of a
+    set stopped by its budget does not spend a second budget. `concurrency` and `usd_budget` hold for the
+    whole run: jobs running at once split the first and share the second through the ledger."""
+
+    base_url: str
+    model: str
+    fingerprint: str
+    max_tokens: int
+    sampling: dict[str, Any]
+    # The circuit breaker (breaker.py) and the usability probe's length (answers checked per provider).
+    breaker_strikes: int
+    breaker_share: float
+    probe_answers: int
+    reasoning: dict[str, Any] | None
+    concurrency: int
+    max_attempts: int
+    request_timeout_s: float
+    output_token_budget: int | None
+    usd_budget: float | None
+    max_failed_fraction: float
+    stream: bool
+    return_token_ids: bool
+    # Ask for each output token's logprob and bytes (exact ids for the token stage where providers send them).
+    logprobs: bool
+    provider_obj: dict[str, Any] | None = None
+    # Display names (as responses report them) of the endpoints routing kept; empty = any server.
+    allowed_providers: tuple[str, ...] = ()
+    # (display name, tag) of each kept endpoint: dropping a provider removes its tags from `provider.only`.
+    endpoint_tags: tuple[tuple[str, str], ...] = ()
+    # An upper bound on one request's cost, used until answers are seen (dearest price x max_tokens).
+    expected_request_usd: float = 0.0
+    # The dearest kept endpoint's prompt price (USD per token): with the above, what OpenRouter reserves per
+    # request in flight, which sizes the first wave against the key's `limit_remaining`.
+    prompt_usd_per_token: float = 0.0
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    # How long to wait for `GET /generation` to know a request that was cut off or killed.
+    recovery_wait_s: float = 10.0
+    progress: bool = True
+    # The server is the project's emulator (api.base_url: local): its providers and dollars are simulated.
+    emulated: bool = False
+
+    @classmethod
+    def from_sections(
+        cls,
+        generation: dict[str, Any],
+        *,
+        model: str,
+        base_url: str,
+        fingerprint: str,
+        kept: list[dict[str, Any]],
+        provider_obj: dict[str, Any] | None,
+        output_token_budget: int | None,
+        usd_budget: float | None,
+        max_failed_fraction: float,
+        emulated: bool = False,
+    ) -> GenerationSettings:
+        """From the validated `generation` section, the endpoints routing kept (providers.json), and what
+        completes a set (the budgets, `generation.max_failed_fraction`), which the generate rule holds as
+        params; `base_url` is the server this job reaches (an emulator's per-run port)."""
+        named = [e for e in kept if e.get("provider_name")]
+        return cls(
+            base_url=base_url,
+            model=model,
+            fingerprint=fingerprint,
+            max_tokens=generation["max_tokens"],
+            sampling={key: generation[key] for key in ("temperature", "top_p", "seed")},
+            provider_obj=provider_obj,
+            allowed_providers=tuple(sorted({e["provider_name"] for e in named})),
+            endpoint_tags=tuple((e["provider_name"], e["tag"]) for e in named),
+            breaker_strikes=generation["breaker_strikes"],
+            breaker_share=generation["breaker_share"],
+            probe_answers=generation["probe_answers"],
+            logprobs=generation["logprobs"],
+            max_failed_fraction=max_failed_fraction,
+            reasoning=generation["reasoning"],
+            concurrency=generation["concurrency"],
+            max_attempts=generation["max_attempts"],
+            request_timeout_s=generation["request_timeout_s"],
+            output_token_budget=output_token_budget,
+            usd_budget=usd_budget,
+            expected_request_usd=max_request_usd(kept, generation["max_tokens"]),
+            prompt_usd_per_token=dearest_price(kept, "prompt"),
+            stream=generation["stream"],
+            return_token_ids=generation["return_token_ids"],
+            emulated=emulated,
+        )
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "concurrency", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise OpenRouterError(
+                    f"generation setting {name} = {getattr(self, name)}: must be at least 1"
+                )
+        if self.request_timeout_s <= 0:
+            raise OpenRouterError(
+                f"generation setting request_timeout_s = {self.request_timeout_s}: must be > 0"
+            )
+
+    def shared_request_fields(self, dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The request body minus the prompt: also what each record keeps as its `request`. Endpoints of
+        `dropped` providers (display names, lower case) leave `provider.only`."""
+        fields: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
+        fields.update({key: value for key, value in self.sampling.items() if value is not None})
+        if self.provider_obj is not None:
+            fields["provider"] = self.provider_obj
+            gone = {tag for name, tag in self.endpoint_tags if name.lower() in dropped}
+            if gone and "only" in self.provider_obj:
+                only = [tag for tag in self.provider_obj["only"] if tag not in gone]
+                fields["provider"] = {**self.provider_obj, "only": only}
+        if self.reasoning is not None:
+            fields["reasoning"] = self.reasoning
+        fields["usage"] = {"include": True}
+        fields["stream"] = self.stream
+        if self.return_token_ids:
+            fields["return_token_ids"] = True
+        if self.logprobs:
+            fields.update(logprobs=True, top_logprobs=0)
+        return fields
+
+
+def max_request_usd(endpoints: list[dict[str, Any]], max_tokens: int) -> float:
+    """An upper bound on one request's output cost: the dearest kept endpoint at max_tokens."""
+    return dearest_price(endpoints, "completion") * max_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiSettings:
+    """The server a job talks to and where its key is (the `api` section), and the target directory the
+    local emulator serves and the usability probe tokenizes with (`target.path`)."""
+
+    model: str
+    base_url: str
+    self_hosted: bool
+    key_file: str | None
+    key_file_env: str
+    emulator_text_like: str
+    target_path: str
+
+    @classmethod
+    def from_sections(cls, api: dict[str, Any], target_path: str) -> ApiSettings:
+        return cls(**api, target_path=target_path)
+
+    @classmethod
+    def from_params(cls, request: dict[str, Any], operational: dict[str, Any]) -> ApiSettings:
+        """From `request_params` and `operational_params` as a generate job receives them."""
+        fields = ("self_hosted", "key_file", "key_file_env", "target_path")
+        return cls(
+            model=request["model"],
+            base_url=request["base_url"],
+            emulator_text_like=request["emulator_text_like"],
+            **{key: operational[key] for key in fields},
+        )
+
+    @property
+    def local(self) -> bool:
+        """`api.base_url: local`: the bundled emulator, started for the job's own duration."""
+        return self.base_url == "local"
