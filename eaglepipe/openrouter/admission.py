@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from eaglepipe.openrouter.billing_api import KeyState
 from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
 from eaglepipe.openrouter.ledger import OtherJobs, RunLedger
-from eaglepipe.openrouter.recovery import KeyState
 from eaglepipe.prompts.size import prompt_json_bytes
 
 log = logging.getLogger(__name__)

@@ -34,14 +34,14 @@ from eaglepipe.openrouter.admission import Admission
 from eaglepipe.openrouter.admission import prompt_tokens_bound as prompt_tokens_bound
 from eaglepipe.openrouter.answer_transport import ChatRoute, answer_transport
 from eaglepipe.openrouter.appendlog import AppendLog
+from eaglepipe.openrouter.billing_api import KeyState, check_key, generation_contents, recover_generations
 from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
 from eaglepipe.openrouter.budget import REFIT_EVERY_S
 from eaglepipe.openrouter.console import ProgressLine, provider_table
 from eaglepipe.openrouter.errors import OpenRouterError, one_line
 from eaglepipe.openrouter.journal import open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, RunLedger
-from eaglepipe.openrouter.recovered import rebuilt_answer
-from eaglepipe.openrouter.recovery import KeyState, check_key, generation_contents, recover_generations
+from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.verdict import Verdict, verdict
@@ -502,7 +502,7 @@ async def _recover(run: _Run, *, at_end: bool) -> list[dict[str, Any]]:
     answers). One still unknown stays open, held at its worst case, for the next start to settle; it is
     closed at $0 (`not_found`) only once it is older than the longest answer can take plus a grace.
     A found one whose prompt has no answer yet is journaled from `/generation/content` where that holds
-    the whole answer (`recovered.py`); those records are returned, for the caller to count."""
+    the whole answer (`rebuilt_answers.py`); those records are returned, for the caller to count."""
     assert run.ledger is not None and run.http is not None and run.journal is not None
     await run.ledger.flush()  # bills written behind count as resolved, not as requests to look up
     pending = run.ledger.view.refresh().unresolved_of(run.dataset)
