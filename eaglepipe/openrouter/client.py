@@ -2,12 +2,13 @@
 
 A fixed pool of `concurrency` workers reads prompts from a bounded stream; the feeder admits a prompt
 only when the live concurrency has room, the run is not stopping and the budgets allow it (see
-`budget.py`). Once a second a housekeeping tick re-reads the run-wide ledger, beats this job's heartbeat,
+`admission.py`). Once a second a housekeeping tick re-reads the run-wide ledger, beats this job's heartbeat,
 splits the run's concurrency among the jobs running now, adapts it to 429s and redraws the progress line.
 Failures are sorted by what helps (`verdict.py`, by status and OpenRouter's error metadata): transient
 ones are retried, in-flight-budget 402s and 429s also lower the live concurrency, permanent ones are
 recorded, and credit, key and budget limits stop new requests while those in flight finish, so everything
-paid for is kept and a rerun resumes.
+paid for is kept and a rerun resumes. What was done and spent is tallied in `accounting.py`; providers
+whose answers cannot be used are dropped by `breaker.py`.
 """
 
 from __future__ import annotations
