@@ -9,8 +9,8 @@ run (at most 1% over) samples once.
 
     python bench/token_budget.py --previous-tree /tmp/ep-prev   # e.g. git worktree add /tmp/ep-prev REV
 
-The admission rule is the client's (`_Run.admit` and `_Run._budget_verdict` in
-eaglepipe/openrouter/client.py, token budget only): while fewer than `concurrency` are in flight, refresh
+The admission rule is the client's (`Admission.try_start` and `Admission._budget_verdict` in
+eaglepipe/openrouter/admission.py, token budget only): while fewer than `concurrency` are in flight, refresh
 the forecast (at most every `REFIT_EVERY_S`, as the client asks) and admit while completion tokens done +
 `committed_tokens()` stay under the budget; stop once nothing is in flight and one more would not fit; the
 tick every `TICK_S` refits it too once it is that old. Answers are log-normal lengths (`+1` for the stop

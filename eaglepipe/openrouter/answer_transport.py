@@ -1,28 +1,13 @@
 """An HTTP/1.1 transport for chat completions, below httpx, that reads a streamed answer's connection a
 few times a second rather than once per event.
 
-Why: a streamed answer arrives one small chunk per token, and httpx reads each through httpcore, h11 and
-anyio (a timeout scope, an epoll registration and a parser event per chunk): most of the client's CPU at
-one token per event (bench/generation_client.py --seeds). Here an asyncio `BufferedProtocol` decodes the
-body as bytes arrive, and two things make the cost per event small:
-- After each read of an event stream's body the socket rests `REST_S` unread (`pause_reading`): the
-  events sent meanwhile wait in the kernel and come in one read, so the event loop's wake-up, `recv` and
-  parse are paid per rest, not per event. An answer's end is seen up to `REST_S` late; the first event is
-  read at once (it carries the generation id, which must be journaled early). Over TLS, asyncio's SSL
-  layer keeps reading the socket while the connection rests (up to its own buffer limit), but decrypts
-  and parses per rest.
-- The reader (httpx's response stream) is woken only when it has work: the first event, every
-  `BATCH_BYTES`, bytes that may end the answer (`URGENT`: an error chunk, after which a server may keep
-  the connection open, and `[DONE]`), the end of the body, or a failure.
-A plain (JSON) answer is read without rests; it is cheaper here too, without httpcore's pool bookkeeping.
-
-Only `POST .../chat/completions` comes here; everything else goes to the `fallback` httpx transport, and
-where a proxy from the environment serves the URL httpx keeps everything (`answer_transport`). Failures
-are httpx's own exceptions (`ConnectError`, `ConnectTimeout`, `ReadTimeout`, `ReadError`,
-`RemoteProtocolError`), so callers handle them as before; no header (the API key's) is ever part of one.
-The read timeout is httpx's, the longest gap between two reads (a rest counts as reading). Connections
-are kept alive and reused per origin, LIFO, at most `keep_alive` idle; their number is bounded by the
-callers' workers, one request each.
+Why: a streamed answer arrives one small chunk per token, and reading each through httpcore, h11 and anyio
+was most of the client's CPU. Here an asyncio `BufferedProtocol` decodes the body as bytes arrive, the
+socket rests `REST_S` unread after each read of an event stream (the first event, which carries the
+generation id, is read at once), and the reader is woken only when it has work: the first event, every
+`BATCH_BYTES`, an `URGENT` marker, the end, a failure. Only `POST .../chat/completions` comes here, the rest
+through `fallback` (everything, where a proxy from the environment serves the URL); failures are httpx's
+own exceptions, never holding a header (the API key's). How it was measured: docs/generation.md, "Benchmark".
 """
 
 from __future__ import annotations
@@ -117,7 +102,10 @@ class ChatRoute:
 
 
 class AnswerTransport(httpx.AsyncBaseTransport):
-    """Chat completions over this module's connections; all other requests through `fallback`."""
+    """Chat completions over this module's connections; all other requests through `fallback`. The read
+    timeout is httpx's, the longest gap between two reads (a rest counts as reading). Connections are kept
+    alive and reused per origin, LIFO, at most `keep_alive` idle; their number is bounded by the callers'
+    workers, one request each."""
 
     def __init__(
         self, fallback: httpx.AsyncBaseTransport, ssl_context: ssl.SSLContext | None, keep_alive: int

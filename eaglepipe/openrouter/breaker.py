@@ -11,8 +11,15 @@ past the same threshold the run stops, because retrying would only buy more disc
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,3 +63,83 @@ class ProviderBreaker:
             "strikes": {name: dict(reasons) for name, reasons in sorted(self.reasons.items())},
             "discarded_from": dict(self.foreign),
         }
+
+
+class ProviderHealth:
+    """The run's side of the breaker: the usability probe on each provider's first `probe_answers`
+    answers, strikes that drop a provider, and `stop` (reason, message) once no allowed provider is left
+    or foreign answers keep coming. `probe` says why an answer to a prompt cannot be trained on, or None."""
+
+    def __init__(
+        self,
+        breaker: ProviderBreaker,
+        *,
+        dataset: str,
+        allowed_providers: tuple[str, ...],
+        probe: Callable[[dict[str, Any], dict[str, Any]], str | None] | None,
+        probe_answers: int,
+        stop: Callable[[str, str], None],
+    ) -> None:
+        self.breaker = breaker
+        self.dataset = dataset
+        self.allowed_providers = allowed_providers
+        self.probe = probe
+        self.probe_answers = probe_answers
+        self.probed: Counter[str] = Counter()
+        self._stop = stop
+
+    def dropped(self) -> frozenset[str]:
+        """The providers the breaker dropped, in lower case as routing compares names."""
+        return frozenset(name.lower() for name in self.breaker.dropped)
+
+    def strike(self, provider: str, reason: str) -> None:
+        """One unusable answer or error from `provider`; the breaker may drop it, and with it the run."""
+        if not self.breaker.strike(provider, reason):
+            return
+        log.warning(
+            "%s: provider %s dropped for the rest of the run: %s",
+            self.dataset,
+            provider,
+            self.breaker.dropped[provider],
+        )
+        dropped = self.dropped()
+        # Without an allowlist (any server, self-hosted) nothing can be routed around the provider: stop.
+        left = [name for name in self.allowed_providers if name.lower() not in dropped]
+        if not left:
+            reasons = "; ".join(f"{name}: {why}" for name, why in self.breaker.dropped.items())
+            self._stop(
+                "no_usable_provider",
+                f"no usable provider is left ({reasons}): read their answers in the journal, `ignore` them "
+                "in `routing` and refresh providers.json (`snakemake --forcerun providers`), then rerun",
+            )
+
+    def discarded(self, provider: str) -> None:
+        if self.breaker.discarded(provider):
+            names = ", ".join(f"{name!r} x{n}" for name, n in self.breaker.foreign.most_common())
+            self._stop(
+                "foreign_provider",
+                f"answers kept coming from providers routing did not keep ({names}), each paid and "
+                "discarded: if one is a kept endpoint under a new display name, refresh providers.json "
+                "(`snakemake --forcerun providers`), then rerun",
+            )
+
+    async def check_usable(self, prompt: dict[str, Any], record: dict[str, Any]) -> None:
+        """The usability probe: a provider's first answers go through the token stage's structural check."""
+        provider = str(record.get("provider") or "(unnamed)")
+        self.breaker.answered(provider)
+        if self.probe is None or self.probed[provider] >= self.probe_answers:
+            return
+        self.probed[provider] += 1
+        problem = await anyio.to_thread.run_sync(self.probe, prompt, record)
+        if problem is not None:
+            log.warning(
+                "prompt %s: the answer of %s fails the token stage's check (%s)",
+                prompt["id"],
+                provider,
+                problem,
+            )
+            self.strike(provider, f"unusable answer: {problem}")
+
+    def report(self) -> dict[str, object]:
+        """The summary's `breaker`: dropped providers and why, strikes, discards by foreign provider."""
+        return self.breaker.report()

@@ -1,36 +1,12 @@
 """How many tokens (and dollars) the requests in flight will still bring, so admissions stop in time.
 
-Answers are heavy-tailed, and the answers seen so far are biased short: the long ones are exactly those
-still in flight. So the length distribution is estimated with Kaplan-Meier, counting each request in
-flight as a right-censored observation at the tokens it has produced so far, estimated from its elapsed
-time with the least-squares fit `latency = first-token time + tokens / rate` over finished answers. A
-request in flight is then expected to end at E[X | X > tokens so far], which grows the longer it runs; a
-request about to be admitted at the plain mean. Overestimating the tokens so far (a slow provider, a
-request waiting out a back-off) errs on the safe side: it makes admissions wait, never overshoot. Mass the
-finished answers do not reach is put at `max_tokens`, the cap, and one pseudo-answer at the cap
-(`CAP_PSEUDO_ANSWERS`) keeps that tail open: without it, a fast answer that outran the elapsed-time
-estimate of every request started with it ended the fitted distribution at its own length, and every
-request in flight was forecast to end about now (simulated runs of the heavy-tailed rehearsal passed its
-budget by 6% in the median once request speeds varied by 5%). Its weight fades as answers accumulate.
-
-Admission keeps under the budget the expected total, plus `SAFETY_SIGMAS` standard deviations of the sum
-in flight (the lengths' own spread), plus `FIT_ERRORS` standard errors of the fitted means, added up over the
-requests in flight as if fully correlated (they all come from one fitted curve, and the tail beyond a long
-bound rests on few answers). Near the end fewer requests are let in at once. Every admission is another
-chance to be let in on a forecast that happens to run short, and the last admission is such a one: with 3
-standard deviations alone, 3 in 200 simulated runs of the heavy-tailed rehearsal passed its budget by more
-than 1%, up to 5% (`bench/token_budget.py`). Dollars follow tokens at the observed dollars per completion
-token.
-
-Until `MIN_OBSERVATIONS` answers have finished, every request counts as the stated upper bound
-(`max_tokens`, or the dearest kept endpoint's price at `max_tokens`), so an early burst of admissions
-cannot overrun a small budget. The forecast is recomputed while admissions are being decided once it is
-`REFIT_EVERY_S` old, or sooner once the requests in flight have produced `REFIT_EVERY_TOKENS` more tokens
-(fast providers: the survivors of a stale fit are forecast from tokens they have long passed); in between,
-an admission adds the mean and a finished request takes back its forecast.
-A refit costs O(distinct lengths + requests in flight) in numpy, not O(answers so far) in Python: at the
-seeds' scale (thousands of answers, 2000 in flight, five refits a second) a refit over every answer cost
-more CPU than the answers themselves (bench/forecast_refit.py).
+Answers are heavy-tailed and the finished ones biased short (the long ones are still in flight), so the
+lengths are estimated with Kaplan-Meier, each request in flight right-censored at the tokens its elapsed
+time says it has produced, and expected to end at E[X | X > tokens so far]; `CAP_PSEUDO_ANSWERS` at
+`max_tokens` keep the tail open. Admission keeps under the budget the expected total plus margins
+(`SAFETY_SIGMAS`, `FIT_ERRORS`), each request at the upper bound until `MIN_OBSERVATIONS` answers are in;
+dollars follow tokens. Why these margins and refit rules, as measured (`bench/token_budget.py`,
+`bench/forecast_refit.py`): docs/generation.md, "Budgets".
 """
 
 from __future__ import annotations
@@ -45,7 +21,7 @@ MIN_OBSERVATIONS = 20
 REFIT_EVERY_S = 0.25
 REFIT_EVERY_TOKENS = 8
 CAP_PSEUDO_ANSWERS = 1
-# The taper's margins (module docstring); bench/token_budget.py measures what they give.
+# The taper's margins (docs/generation.md, "Budgets"); bench/token_budget.py measures what they give.
 SAFETY_SIGMAS = 4.0
 FIT_ERRORS = 2.0
 

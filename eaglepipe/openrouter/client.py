@@ -2,12 +2,13 @@
 
 A fixed pool of `concurrency` workers reads prompts from a bounded stream; the feeder admits a prompt
 only when the live concurrency has room, the run is not stopping and the budgets allow it (see
-`budget.py`). Once a second a housekeeping tick re-reads the run-wide ledger, beats this job's heartbeat,
+`admission.py`). Once a second a housekeeping tick re-reads the run-wide ledger, beats this job's heartbeat,
 splits the run's concurrency among the jobs running now, adapts it to 429s and redraws the progress line.
 Failures are sorted by what helps (`verdict.py`, by status and OpenRouter's error metadata): transient
 ones are retried, in-flight-budget 402s and 429s also lower the live concurrency, permanent ones are
 recorded, and credit, key and budget limits stop new requests while those in flight finish, so everything
-paid for is kept and a rerun resumes.
+paid for is kept and a rerun resumes. What was done and spent is tallied in `accounting.py`; providers
+whose answers cannot be used are dropped by `breaker.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import random
 import resource
 import ssl
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,23 +30,24 @@ import certifi
 import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from eaglepipe.openrouter.accounting import Tally, bill, close_failed
+from eaglepipe.openrouter.admission import Admission
+from eaglepipe.openrouter.admission import prompt_tokens_bound as prompt_tokens_bound
 from eaglepipe.openrouter.answer_transport import ChatRoute, answer_transport
 from eaglepipe.openrouter.appendlog import AppendLog
-from eaglepipe.openrouter.breaker import ProviderBreaker
-from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
-from eaglepipe.openrouter.concurrency import AdaptiveLimit
-from eaglepipe.openrouter.console import ProgressLine, ProviderStats, provider_table
+from eaglepipe.openrouter.billing_api import KeyState, check_key, generation_contents, recover_generations
+from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
+from eaglepipe.openrouter.budget import REFIT_EVERY_S
+from eaglepipe.openrouter.console import ProgressLine, provider_table
 from eaglepipe.openrouter.errors import OpenRouterError, one_line
 from eaglepipe.openrouter.journal import open_journal, read_records, reusable
-from eaglepipe.openrouter.ledger import Heartbeat, OtherJobs, RunLedger
-from eaglepipe.openrouter.recovered import rebuilt_answer
-from eaglepipe.openrouter.recovery import KeyState, check_key, generation_contents, recover_generations
+from eaglepipe.openrouter.ledger import Heartbeat, RunLedger
+from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.openrouter.verdict import Verdict, verdict
 from eaglepipe.progress import format_eta
-from eaglepipe.prompts.size import prompt_json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ async def generate_set(
     run.prompts = {prompt["id"]: prompt for prompt in prompts}
     journaled = read_records(journal_dir)  # read once: resume and the ledger settlement both need it
     earlier = reusable(journaled, settings.fingerprint)
-    run.done_ids.update(earlier)
+    run.tally.done_ids.update(earlier)
     heartbeat = Heartbeat(ledger_dir, dataset)
     async with contextlib.AsyncExitStack() as stack:
         routes = _http_pools(settings, api_key)
@@ -184,19 +185,21 @@ async def generate_set(
     if settings.progress:
         run.progress.close(run.progress_line())
     log.info("%s: generation ended (%s): %s", dataset, run.summary.ended_because, run.progress_line())
-    if run.provider_stats:
+    if run.tally.provider_stats:
         log.info(
             "%s: per provider%s (trunc: answers cut at max_tokens %d)\n%s",
             dataset,
             " (emulated: simulated providers and prices)" if settings.emulated else "",
             settings.max_tokens,
-            provider_table(run.provider_stats),
+            provider_table(run.tally.provider_stats),
         )
     return run.summary
 
 
 class _Run:
-    """State shared by the feeder, the workers and the housekeeping tick (one event loop: no locks)."""
+    """State shared by the feeder, the workers and the housekeeping tick (one event loop: no locks): what
+    may start (`admission`), what was done and spent (`tally`) and which providers are still used
+    (`health`), plus the stopping and the wake-ups that tie them together."""
 
     def __init__(
         self,
@@ -206,165 +209,57 @@ class _Run:
         probe: UsabilityProbe | None = None,
     ) -> None:
         self.settings = settings
-        self.breaker = ProviderBreaker(settings.breaker_strikes, settings.breaker_share)
-        self.probe = probe
-        self.probed: Counter[str] = Counter()
         self.summary = summary
         self.dataset = dataset
         self.ledger: RunLedger | None = None
         self.http: httpx.AsyncClient | None = None
         self.journal: AppendLog | None = None
         self.prompts: dict[str, dict[str, Any]] = {}
-        # Prompts with a journaled answer under this fingerprint (resumed or done now).
-        self.done_ids: set[str] = set()
-        self.limit = AdaptiveLimit(settings.concurrency)
-        self.others = OtherJobs()
+        self.admission = Admission(
+            dataset=dataset,
+            concurrency=settings.concurrency,
+            max_tokens=settings.max_tokens,
+            expected_request_usd=settings.expected_request_usd,
+            prompt_usd_per_token=settings.prompt_usd_per_token,
+            output_token_budget=settings.output_token_budget,
+            usd_budget=settings.usd_budget,
+        )
+        self.tally = Tally(summary, settings.max_tokens, self.admission.forecast)
+        self.health = ProviderHealth(
+            ProviderBreaker(settings.breaker_strikes, settings.breaker_share),
+            dataset=dataset,
+            allowed_providers=settings.allowed_providers,
+            probe=probe,
+            probe_answers=settings.probe_answers,
+            stop=self.stop,
+        )
         self.changed = anyio.Event()
         self.stopping = anyio.Event()
         self.stop_reason: str | None = None
-        self.in_flight = 0
-        # Generation ids of this job's requests in flight: their cost is in the forecast, not in the
-        # ledger's unresolved reserve.
-        self.live_ids: set[str] = set()
-        self.forecast = Forecast(settings.max_tokens, settings.expected_request_usd)
-        self.tokens_this_run = 0
-        self.dollars_this_run = 0.0
-        self.errors: Counter[str] = Counter()
-        self.provider_stats: dict[str, ProviderStats] = {}
         self.progress = ProgressLine()
-        self.first_wave_note = ""
         self.started = time.monotonic()
-
-    # --- accounting ------------------------------------------------------------------------------
 
     def resume(
         self, prompts: list[dict[str, Any]], reusable: dict[str, dict[str, Any]]
     ) -> list[dict[str, Any]]:
-        todo, seen = [], set()
-        for prompt in prompts:
-            if prompt["id"] in seen:
-                raise OpenRouterError(
-                    f"prompt id {prompt['id']} appears twice in the set: rebuild the prompt set"
-                )
-            seen.add(prompt["id"])
-            if prompt["id"] in reusable:
-                self.count_done(reusable[prompt["id"]], resumed=True)
-            else:
-                todo.append(prompt)
+        todo = self.tally.resume(prompts, reusable)
+        self.notify()
         return todo
 
     def count_done(self, record: dict[str, Any], *, resumed: bool) -> None:
-        usage = record.get("usage") or {}
-        # Unknown usage (a server that reports none) counts as max_tokens: the budget stays an upper bound.
-        tokens = usage.get("completion_tokens")
-        tokens = self.settings.max_tokens if tokens is None else tokens
-        cost = usage.get("cost") or 0.0
-        self.done_ids.add(record["prompt_id"])
-        self.summary.done += 1
-        self.summary.completion_tokens += tokens
-        self.summary.dollars += cost
-        self.summary.truncated += record["response"]["finish_reason"] == "length"
-        self.forecast.observe(tokens, cost, record.get("latency_s"))
-        if resumed:
-            self.summary.resumed += 1
-        else:
-            self.tokens_this_run += tokens
-            self.dollars_this_run += cost
-            self.provider(record.get("provider")).add_response(record)
+        self.tally.count_done(record, resumed=resumed)
         self.notify()
 
     def count_recovered(self, record: dict[str, Any]) -> None:
-        """An answer journaled from `/generation/content` at the end: its prompt's failures are undone."""
-        prompt_id = record["prompt_id"]
-        for failure in [failure for failure in self.summary.failures if failure["prompt_id"] == prompt_id]:
-            self.summary.failures.remove(failure)
-            if failure["permanent"]:
-                self.summary.failed_permanent -= 1
-            else:
-                self.summary.failed_transient -= 1
-        self.count_done(record, resumed=False)
-
-    def provider(self, name: str | None) -> ProviderStats:
-        return self.provider_stats.setdefault(name or "(unnamed)", ProviderStats())
+        self.tally.count_recovered(record)
+        self.notify()
 
     def count_error(self, failure: RequestFailed, judged: Verdict) -> None:
-        self.errors[failure.error_class] += 1
-        self.limit.record(rate_limited=judged.action == "throttle")
-        if failure.provider:
-            self.provider(failure.provider).errors += 1
-
-    def dropped(self) -> frozenset[str]:
-        """The providers the breaker dropped, in lower case as routing compares names."""
-        return frozenset(name.lower() for name in self.breaker.dropped)
+        self.tally.count_error(failure)
+        self.admission.record_attempt(rate_limited=judged.action == "throttle")
 
     def request_fields(self) -> dict[str, Any]:
-        return self.settings.shared_request_fields(self.dropped())
-
-    def strike(self, provider: str, reason: str) -> None:
-        """One unusable answer or error from `provider`; the breaker may drop it, and with it the run."""
-        if not self.breaker.strike(provider, reason):
-            return
-        log.warning(
-            "%s: provider %s dropped for the rest of the run: %s",
-            self.dataset,
-            provider,
-            self.breaker.dropped[provider],
-        )
-        dropped = self.dropped()
-        # Without an allowlist (any server, self-hosted) nothing can be routed around the provider: stop.
-        left = [name for name in self.settings.allowed_providers if name.lower() not in dropped]
-        if not left:
-            reasons = "; ".join(f"{name}: {why}" for name, why in self.breaker.dropped.items())
-            self.stop(
-                "no_usable_provider",
-                f"no usable provider is left ({reasons}): read their answers in the journal, `ignore` them "
-                "in `routing` and refresh providers.json (`snakemake --forcerun providers`), then rerun",
-            )
-
-    def discarded(self, provider: str) -> None:
-        if self.breaker.discarded(provider):
-            names = ", ".join(f"{name!r} x{n}" for name, n in self.breaker.foreign.most_common())
-            self.stop(
-                "foreign_provider",
-                f"answers kept coming from providers routing did not keep ({names}), each paid and "
-                "discarded: if one is a kept endpoint under a new display name, refresh providers.json "
-                "(`snakemake --forcerun providers`), then rerun",
-            )
-
-    async def check_usable(self, prompt: dict[str, Any], record: dict[str, Any]) -> None:
-        """The usability probe: a provider's first answers go through the token stage's structural check."""
-        provider = str(record.get("provider") or "(unnamed)")
-        self.breaker.answered(provider)
-        if self.probe is None or self.probed[provider] >= self.settings.probe_answers:
-            return
-        self.probed[provider] += 1
-        problem = await anyio.to_thread.run_sync(self.probe, prompt, record)
-        if problem is not None:
-            log.warning(
-                "prompt %s: the answer of %s fails the token stage's check (%s)",
-                prompt["id"],
-                provider,
-                problem,
-            )
-            self.strike(provider, f"unusable answer: {problem}")
-
-    def count_failure(
-        self, prompt_id: str, failure: RequestFailed, attempts: int, *, permanent: bool
-    ) -> None:
-        if permanent:
-            self.summary.failed_permanent += 1
-        else:
-            self.summary.failed_transient += 1
-        self.summary.failures.append(
-            {
-                "prompt_id": prompt_id,
-                "status": failure.status,
-                "error": failure.detail,
-                "attempts": attempts,
-                "permanent": permanent,
-            }
-        )
-        log.warning("prompt %s failed after %d attempt(s): %s", prompt_id, attempts, failure)
+        return self.settings.shared_request_fields(self.health.dropped())
 
     def stop(self, reason: str, message: str) -> None:
         """Stop admitting prompts; the first reason wins because later ones are usually its echoes."""
@@ -380,99 +275,39 @@ class _Run:
         until the feeder next waits (it takes a fresh one then), so a wake-up costs no new event each."""
         self.changed.set()
 
-    # --- admission -------------------------------------------------------------------------------
-
     def size_first_wave(self, key: KeyState | None, todo: list[dict[str, Any]]) -> None:
-        """OpenRouter reserves each request's worst case, (prompt + max_tokens) at the endpoint's price,
-        against what the key may still spend: a first wave of more than fits meets in-flight-budget 402s
-        at once. The wave starts at what fits; the adaptive limit takes over from there."""
-        settings = self.settings
-        wave_prompts = todo[: settings.concurrency]
-        prompt_tokens = max((prompt_tokens_bound(prompt) for prompt in wave_prompts), default=0)
-        per_request = settings.expected_request_usd + settings.prompt_usd_per_token * prompt_tokens
-        if key is None or key.limit_remaining is None or per_request <= 0:
-            return
-        wave = max(1, int(key.limit_remaining / per_request))
-        if wave >= min(self.limit.current, len(wave_prompts)):
-            return
-        self.limit.start_at(wave)
-        self.summary.first_wave = wave
-        self.first_wave_note = (
-            f"first wave {wave}: the key's ${key.limit_remaining:.4f} left holds {wave} reservation(s) of "
-            f"${per_request:.4f}"
-        )
-        log.info("%s: %s", self.dataset, self.first_wave_note)
+        self.admission.size_first_wave(key, todo)
+        if self.admission.first_wave is not None:
+            self.summary.first_wave = self.admission.first_wave
 
     async def admit(self, prompt_id: str) -> bool:
         """Wait until one more request may go out; False once the run stops admitting."""
         while self.stop_reason is None:
-            if self.in_flight < self.limit.current:
-                verdict = self._budget_verdict()
-                if verdict is None:
-                    self.in_flight += 1
-                    self.forecast.admit(prompt_id)
-                    return True
-                if verdict[0] != "wait":
-                    self.stop(*verdict)
-                    break
-            # Nothing runs between the checks above and this wait, so no wake-up is missed.
+            verdict = self.admission.try_start(prompt_id, self.summary.completion_tokens, self.ledger)
+            if verdict is None:
+                return True
+            if verdict[0] != "wait":
+                self.stop(*verdict)
+                break
+            # Nothing runs between the check above and this wait, so no wake-up is missed.
             self.changed = anyio.Event()
             await self.changed.wait()
         return False
 
-    def _budget_verdict(self) -> tuple[str, str] | None:
-        """None to admit, ("wait", "") while requests in flight may leave room, else (reason, message)."""
-        settings = self.settings
-        budget = settings.output_token_budget
-        if budget is not None or settings.usd_budget is not None:
-            self.forecast.refresh(max_age_s=REFIT_EVERY_S)
-        if budget is not None and self.summary.completion_tokens + self.forecast.committed_tokens() > budget:
-            if self.in_flight:
-                return "wait", ""
-            return "token_budget", (
-                f"output_token_budget {budget} reached "
-                f"({self.summary.completion_tokens} completion tokens done)"
-            )
-        if settings.usd_budget is not None and self.ledger is not None:
-            spent = self.ledger.view.refresh().usd
-            committed = spent + self.reserved_elsewhere() + self.forecast.committed_usd()
-            if committed > settings.usd_budget:
-                if self.in_flight or self.others.in_flight:
-                    return "wait", ""
-                return "dollar_budget", (
-                    f"budget.usd {settings.usd_budget:g} reached (${spent:.4f} spent by the run): "
-                    "raise budget.usd to go on"
-                )
-        return None
-
-    def reserved_elsewhere(self) -> float:
-        """Dollars other jobs have in flight, plus this set's requests that may have been billed but are
-        not priced yet (cut off, killed, answered without a cost; unresolved in the ledger and not in
-        flight here), each at its worst case: nothing is counted at $0 without proof."""
-        if self.ledger is None:
-            return self.others.expected_usd_in_flight
-        unpriced = self.ledger.view.unresolved_count_of(self.dataset, self.live_ids)
-        worst = self.settings.expected_request_usd or self.forecast.mean_usd
-        return self.others.expected_usd_in_flight + unpriced * worst
-
-    # --- end -------------------------------------------------------------------------------------
+    def finished(self, prompt_id: str) -> None:
+        """A worker is done with `prompt_id`, however it ended: its slot is free again."""
+        self.admission.finish(prompt_id)
+        self.notify()
 
     def finish(self) -> None:
         """Permanent failures (400/403) are final answers; transient ones leave the set unfinished for a
         rerun to retry, unless `max_failed_fraction` of the set may stay unanswered."""
         summary = self.summary
-        summary.errors_by_class = dict(self.errors)
-        summary.concurrency_lowest = self.limit.lowest
-        summary.concurrency_cuts = self.limit.cuts
-        summary.providers = {name: stats.row() for name, stats in sorted(self.provider_stats.items())}
-        summary.breaker = self.breaker.report()
-        summary.probed = dict(self.probed)
-        if self.ledger is not None:
-            view = self.ledger.view.refresh()
-            summary.run_dollars = view.usd
-            summary.billed_by_outcome = dict(self.ledger.outcomes)
-            summary.job_ledger_dollars = self.ledger.usd_billed
-            summary.unresolved = len(view.unresolved_of(self.dataset))
+        self.tally.close(self.ledger, self.dataset)
+        summary.concurrency_lowest = self.admission.limit.lowest
+        summary.concurrency_cuts = self.admission.limit.cuts
+        summary.breaker = self.health.report()
+        summary.probed = dict(self.health.probed)
         transient = [failure for failure in summary.failures if not failure["permanent"]]
         if self.stop_reason is not None:
             summary.ended_because = self.stop_reason
@@ -484,34 +319,35 @@ class _Run:
             )
 
     def progress_line(self) -> str:
+        admission, tally = self.admission, self.tally
         elapsed = max(time.monotonic() - self.started, 1e-9)
         summary, new = self.summary, self.summary.done - self.summary.resumed
         left = summary.requested - summary.done - summary.failed_permanent - summary.failed_transient
         rate = new / elapsed
         eta = left / rate if rate > 0 else None
-        spent = self.ledger.view.usd if self.ledger else self.dollars_this_run
-        projected = spent + left * self.forecast.mean_usd
-        errors = " ".join(f"{name}={count}" for name, count in sorted(self.errors.items())) or "none"
+        spent = self.ledger.view.usd if self.ledger else tally.dollars_this_run
+        projected = spent + left * admission.forecast.mean_usd
+        errors = " ".join(f"{name}={count}" for name, count in sorted(tally.errors.items())) or "none"
         # What OpenRouter holds against the balance for the requests in flight (its in-flight budget).
-        reserved = self.in_flight * self.settings.expected_request_usd
+        reserved = admission.in_flight * self.settings.expected_request_usd
+        note = admission.first_wave_note
         return (
             f"{self.dataset}: {summary.done}/{summary.requested} done, "
-            f"{self.tokens_this_run / elapsed:.0f} tok/s, "
-            f"${spent:.2f} spent by the run (projected ${projected:.2f}), {self.in_flight} in flight "
-            f"(limit {self.limit.current}, ${reserved:.2f} reserved at worst case), errors {errors}, "
-            f"ETA {format_eta(eta)}" + (f", {self.first_wave_note}" if self.first_wave_note else "")
+            f"{tally.tokens_this_run / elapsed:.0f} tok/s, "
+            f"${spent:.2f} spent by the run (projected ${projected:.2f}), {admission.in_flight} in flight "
+            f"(limit {admission.limit.current}, ${reserved:.2f} reserved at worst case), errors {errors}, "
+            f"ETA {format_eta(eta)}" + (f", {note}" if note else "")
         )
 
 
 async def _tick_forever(run: _Run, heartbeat: Heartbeat) -> None:
     last_log = last_key_check = time.monotonic()
+    admission = run.admission
     while True:
         await anyio.sleep(TICK_S)
-        run.forecast.refresh(max_age_s=REFIT_EVERY_S)  # admissions may have refit it just now
-        await anyio.to_thread.run_sync(heartbeat.beat, run.in_flight, run.forecast.in_flight_usd)
-        run.others = heartbeat.others()
-        run.limit.set_ceiling(run.settings.concurrency // (1 + run.others.count))
-        run.limit.tick()
+        admission.forecast.refresh(max_age_s=REFIT_EVERY_S)  # admissions may have refit it just now
+        await anyio.to_thread.run_sync(heartbeat.beat, admission.in_flight, admission.forecast.in_flight_usd)
+        admission.tick(heartbeat.others())
         run.notify()
         now = time.monotonic()
         if run.settings.progress:
@@ -522,13 +358,6 @@ async def _tick_forever(run: _Run, heartbeat: Heartbeat) -> None:
         if now - last_key_check >= KEY_CHECK_EVERY_S:
             last_key_check = now
             await _check_key(run)
-
-
-def prompt_tokens_bound(prompt: dict[str, Any]) -> int:
-    """A generous bound on a prompt's tokens without its tokenizer: half its UTF-8 bytes (tokenizers
-    average three to four bytes a token in English, and no fewer than two in scripts of multi-byte
-    characters)."""
-    return prompt_json_bytes(prompt) // 2
 
 
 def _raise_open_file_limit(concurrency: int) -> None:
@@ -582,7 +411,7 @@ async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> li
     for record in journaled:
         generation_id = record.get("generation_id")
         if generation_id and generation_id not in view.resolved:
-            await _bill(run.ledger, record["prompt_id"], record, outcome="kept")
+            await bill(run.ledger, record["prompt_id"], record, outcome="kept")
             view.refresh()
     if view.refresh().unresolved_of(run.dataset):
         return await _recover(run, at_end=False)
@@ -596,7 +425,7 @@ async def _recover(run: _Run, *, at_end: bool) -> list[dict[str, Any]]:
     answers). One still unknown stays open, held at its worst case, for the next start to settle; it is
     closed at $0 (`not_found`) only once it is older than the longest answer can take plus a grace.
     A found one whose prompt has no answer yet is journaled from `/generation/content` where that holds
-    the whole answer (`recovered.py`); those records are returned, for the caller to count."""
+    the whole answer (`rebuilt_answers.py`); those records are returned, for the caller to count."""
     assert run.ledger is not None and run.http is not None and run.journal is not None
     await run.ledger.flush()  # bills written behind count as resolved, not as requests to look up
     pending = run.ledger.view.refresh().unresolved_of(run.dataset)
@@ -652,7 +481,7 @@ async def _stored_answers(
             record["generation_id"] in found
             and record.get("fingerprint") == settings.fingerprint
             and prompt_id in run.prompts
-            and prompt_id not in run.done_ids
+            and prompt_id not in run.tally.done_ids
         ):
             candidates.setdefault(prompt_id, []).append(record)
     if not candidates:
@@ -697,7 +526,7 @@ async def _check_key(run: _Run) -> KeyState | None:
         return None
     if run.summary.key_usage_start is None:
         run.summary.key_usage_start = key.usage
-    if key.limit_remaining is not None and key.limit_remaining < run.forecast.mean_usd:
+    if key.limit_remaining is not None and key.limit_remaining < run.admission.forecast.mean_usd:
         run.stop(
             "key_limit",
             f"the key's limit_remaining is ${key.limit_remaining:.4f}, less than one request: "
@@ -731,9 +560,7 @@ async def _worker(
             try:
                 await _complete_prompt(prompt, route, journal, run)
             finally:
-                run.in_flight -= 1
-                run.forecast.finish(prompt["id"])
-                run.notify()
+                run.finished(prompt["id"])
 
 
 async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: AppendLog, run: _Run) -> None:
@@ -746,7 +573,7 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
 
     async def started(generation_id: str) -> None:
         this_attempt.add(generation_id)
-        run.live_ids.add(generation_id)
+        run.admission.live_ids.add(generation_id)
         await ledger.started(prompt["id"], generation_id, settings.fingerprint)
 
     attempt = failed_attempts = throttled = 0
@@ -764,7 +591,7 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
                 else:
                     reply = await read_reply(route, body, on_started=started)
             if allowed and str(reply.get("provider") or "").lower() not in allowed:
-                await _bill(ledger, prompt["id"], reply, outcome="discarded")
+                await bill(ledger, prompt["id"], reply, outcome="discarded")
                 raise RequestFailed(
                     None,
                     f"served by {reply.get('provider')!r}, outside the allowlist: discarded",
@@ -789,20 +616,20 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
                 "attempts": attempt,
             }
             await journal.append(record)
-            await _bill(ledger, prompt["id"], reply, outcome="kept", journaled=True)
+            await bill(ledger, prompt["id"], reply, outcome="kept", journaled=True)
             run.count_done(record, resumed=False)
-            await run.check_usable(prompt, record)
+            await run.health.check_usable(prompt, record)
             return
         finally:  # from here on an unpriced request counts in the ledger's reserve, not the forecast
-            run.live_ids.difference_update(this_attempt)
+            run.admission.live_ids.difference_update(this_attempt)
             this_attempt.clear()
-        await _close_failed(ledger, prompt["id"], failure)
+        await close_failed(ledger, prompt["id"], failure)
         judged = verdict(failure)
         run.count_error(failure, judged)
         if failure.error_class == "wrong_provider":
-            run.discarded(str(failure.provider))
+            run.health.discarded(str(failure.provider))
         elif failure.provider_name or (failure.error_class == "error_in_200" and failure.status is None):
-            run.strike(failure.provider_name or failure.provider or "(unnamed)", failure.error_class)
+            run.health.strike(failure.provider_name or failure.provider or "(unnamed)", failure.error_class)
         if judged.action == "stop":
             run.stop(judged.ended_because, f"{failure} (prompt {prompt['id']}): {judged.advice}")
             return
@@ -811,51 +638,16 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
         else:
             failed_attempts += 1
         if judged.action == "fail" and failed_attempts >= (judged.attempts or 1):
-            run.count_failure(prompt["id"], failure, attempt, permanent=True)
+            run.tally.count_failure(prompt["id"], failure, attempt, permanent=True)
             return
         if failed_attempts >= settings.max_attempts or throttled >= MAX_THROTTLED_RETRIES:
-            run.count_failure(prompt["id"], failure, attempt, permanent=False)
+            run.tally.count_failure(prompt["id"], failure, attempt, permanent=False)
             return
         run.summary.retries += 1
         with anyio.move_on_after(_backoff_s(attempt, failure, settings)):
             await run.stopping.wait()
         if run.stop_reason is not None:
             return
-
-
-async def _bill(
-    ledger: RunLedger, prompt_id: str, reply: dict[str, Any], *, outcome: str, journaled: bool = False
-) -> None:
-    """Book an answer at its reported cost (`journaled`: see `RunLedger.billed`). One without a cost (a
-    stream that ended without its usage chunk, `cost: null`) is not booked at $0: it stays unresolved,
-    held at its worst case, until `/generation` prices it."""
-    usage = reply.get("usage") or {}
-    if usage.get("cost") is None and reply.get("generation_id"):
-        await ledger.ensure_started(prompt_id, reply["generation_id"])
-        return
-    await ledger.billed(
-        prompt_id,
-        reply.get("generation_id"),
-        usd=usage.get("cost") or 0.0,
-        outcome=outcome,
-        completion_tokens=usage.get("completion_tokens"),
-        provider=reply.get("provider"),
-        journaled=journaled,
-    )
-
-
-async def _close_failed(ledger: RunLedger, prompt_id: str, failure: RequestFailed) -> None:
-    """A failure that carried a cost is charged. One that answered (HTTP error or an error in the body)
-    closes its `started` line at zero; a cut connection leaves it open for `/generation` to settle."""
-    answered = failure.status is not None or failure.error_class in {"error_in_200", "empty"}
-    if failure.generation_id and (answered or failure.cost):
-        await ledger.billed(
-            prompt_id,
-            failure.generation_id,
-            usd=failure.cost or 0.0,
-            outcome="error",
-            provider=failure.provider,
-        )
 
 
 def _backoff_s(attempt: int, failure: RequestFailed, settings: GenerationSettings) -> float:
