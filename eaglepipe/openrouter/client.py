@@ -39,7 +39,7 @@ from eaglepipe.openrouter.billing_api import KeyState, check_key, generation_con
 from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
 from eaglepipe.openrouter.budget import REFIT_EVERY_S
 from eaglepipe.openrouter.console import ProgressLine, provider_table
-from eaglepipe.openrouter.errors import OpenRouterError, one_line
+from eaglepipe.openrouter.errors import one_line
 from eaglepipe.openrouter.journal import open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, RunLedger
 from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
