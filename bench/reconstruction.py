@@ -26,8 +26,11 @@ from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import sample_tensors
 from eaglepipe.tokens.methods import EXACT_METHODS, Method
-from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
+from eaglepipe.tokens.rebuild import Rebuilder
 from eaglepipe.tokens.target import Target
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from stage_settings import token_settings  # noqa: E402  (the schema's defaults, as the tests build them)
 
 SEEDS_TOKENS = 60_000_000
 THROUGHPUT_SWITCHES = ("exact", "vllm", "sglang", "vllm_ids")
@@ -41,7 +44,7 @@ def throughput(target: Target, corpus: list, switch: EngineSwitch, repeats: int)
     best = float("inf")
     for _ in range(repeats):
         started = time.process_time()
-        rebuilt = Rebuilder(Target(target.tokenizer)).rebuild(prompts, records, switch.name)
+        rebuilt = Rebuilder(Target(target.tokenizer), token_settings()).rebuild(prompts, records, switch.name)
         sample_tensors(rebuilt.samples)
         best = min(best, time.process_time() - started)
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in rebuilt.samples)
@@ -49,7 +52,7 @@ def throughput(target: Target, corpus: list, switch: EngineSwitch, repeats: int)
 
 
 def shares(target: Target, corpus: list, switch: EngineSwitch, informed: bool) -> dict[str, float]:
-    settings = TokenSettings(providers={switch.name: pin_for(switch)} if informed else {})
+    settings = token_settings(pins={switch.name: pin_for(switch)} if informed else {})
     records = [reply_record(target.tokenizer, sample, switch) for sample in corpus]
     prompts = {sample.prompt["id"]: sample.prompt for sample in corpus}
     rebuilt = Rebuilder(target, settings).rebuild(prompts, records, switch.name)

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from stage_settings import token_settings
 
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError
@@ -304,7 +305,7 @@ def test_logprobs_asked_for_give_the_token_stage_exact_ids(
     truth = {r["prompt_id"]: r["response"].pop("token_ids") for r in records}  # left: text and logprobs
     target = Target(load_target_tokenizer(model_dir))
     prompts = {p["id"]: p for p in PROMPTS[:3]}
-    samples = Rebuilder(target).rebuild(prompts, records, "test").samples
+    samples = Rebuilder(target, token_settings()).rebuild(prompts, records, "test").samples
     assert all(r["response"]["logprobs"]["content"] for r in records)
     for sample in samples:
         assert sample.method == Method.LOGPROB_BYTES and sample.problem is None

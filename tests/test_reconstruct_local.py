@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from stage_settings import token_settings
 
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text import TokenizerText
@@ -110,7 +111,7 @@ def test_every_greedy_answer_is_rebuilt_exactly_or_labelled(served, model_dir):
     tokenizer = load_target_tokenizer(model_dir)
     target = Target(tokenizer)
     records = [journal_record(p, a) for p, a in zip(prompts, answers, strict=True)]
-    rebuilt = Rebuilder(target).rebuild({p["id"]: p for p in prompts}, records, "local")
+    rebuilt = Rebuilder(target, token_settings()).rebuild({p["id"]: p for p in prompts}, records, "local")
     true = 0
     for sample, answer in zip(rebuilt.samples, answers, strict=True):
         choice = answer["choices"][0]

@@ -35,10 +35,9 @@ def build_tokens(
     target_dir: Path,
     tensors_path: Path,
     stats_path: Path,
-    settings: TokenSettings | None = None,
+    settings: TokenSettings,
 ) -> dict[str, Any]:
     """Write `tokens.safetensors` and `tokens.json` for one prompt set; returns the statistics."""
-    settings = settings or TokenSettings()
     target = Target(load_target_tokenizer(target_dir))
     prompts = {p["id"]: p for p in read_jsonl(prompts_path)}
     rebuilt = Rebuilder(target, settings).rebuild(prompts, read_jsonl(responses_path), str(responses_path))

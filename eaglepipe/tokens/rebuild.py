@@ -7,7 +7,7 @@ Two passes. The first reads every reply, checks any exact ids it carries and gat
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -37,21 +37,21 @@ class TokensError(ValueError):
 
 @dataclass(frozen=True)
 class TokenSettings:
-    on_mismatch: str = "drop"
-    on_ambiguous: str = "keep"
-    tool_format: ToolFormat = "typescript"
-    providers: dict[str, ProviderPin] = field(default_factory=dict)
+    """The `tokens` section of the config (schemas/config.schema.yaml holds the defaults)."""
+
+    on_mismatch: str
+    on_ambiguous: str
+    tool_format: ToolFormat
+    providers: dict[str, ProviderPin]
 
     @classmethod
-    def from_config(cls, section: dict[str, Any]) -> TokenSettings:
-        providers = {
-            name: ProviderPin.from_config(entry) for name, entry in (section.get("providers") or {}).items()
-        }
+    def from_section(cls, section: dict[str, Any]) -> TokenSettings:
+        """From the validated config's `tokens` section."""
         return cls(
-            section.get("on_mismatch", "drop"),
-            section.get("on_ambiguous", "keep"),
-            section.get("tool_format", "typescript"),
-            providers,
+            on_mismatch=section["on_mismatch"],
+            on_ambiguous=section["on_ambiguous"],
+            tool_format=section["tool_format"],
+            providers={name: ProviderPin.from_config(entry) for name, entry in section["providers"].items()},
         )
 
 
@@ -95,9 +95,9 @@ class _Pending:
 
 
 class Rebuilder:
-    def __init__(self, target: Target, settings: TokenSettings | None = None) -> None:
+    def __init__(self, target: Target, settings: TokenSettings) -> None:
         self.target = target
-        self.settings = settings or TokenSettings()
+        self.settings = settings
         self.shape = shape_of(target.format)
 
     def rebuild(
