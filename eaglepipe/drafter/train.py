@@ -31,7 +31,7 @@ from eaglepipe.drafter.checkpoint import (
     save_checkpoint,
     training_fingerprint,
 )
-from eaglepipe.drafter.data import Sample, SampleRef, load_samples, open_hidden_data
+from eaglepipe.drafter.data import SampleRef, TrainingSample, load_samples, open_hidden_data
 from eaglepipe.drafter.export import export_drafter, write_serving_readme
 from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
@@ -536,7 +536,7 @@ def make_batches(samples: list[SampleRef], batch_tokens: int, max_seq_len: int) 
     return batches
 
 
-def collate(samples: list[Sample], device: torch.device, key: int | None = None) -> Batch:
+def collate(samples: list[TrainingSample], device: torch.device, key: int | None = None) -> Batch:
     length = max(len(s.input_ids) for s in samples)
     first = samples[0]
     aux = torch.zeros(len(samples), length, first.aux.shape[-1])

@@ -56,7 +56,9 @@ class TokenSettings:
 
 
 @dataclass
-class Sample:
+class RebuiltSample:
+    """One reply as the token stage rebuilt it: ids, how they were obtained, and what is in doubt."""
+
     prompt_id: str
     provider: str
     prompt_ids: list[int]
@@ -73,7 +75,7 @@ class Sample:
 
 @dataclass
 class Rebuilt:
-    samples: list[Sample]
+    samples: list[RebuiltSample]
     profiles: dict[str, EngineProfile]
     evidence: dict[str, Evidence]
 
@@ -257,7 +259,7 @@ class Rebuilder:
             if value is not None:
                 votes[value] += 1
 
-    def _sample(self, item: _Pending, profile: EngineProfile, where: str) -> Sample:
+    def _sample(self, item: _Pending, profile: EngineProfile, where: str) -> RebuiltSample:
         reply, target = item.reply, self.target
         prompt_ids, prompt_diffs, prompt_flags = self._prompt(item, where)
         pieces, item.pieces = item.pieces or PieceCache(target), None
@@ -278,7 +280,7 @@ class Rebuilder:
         )
         if problem is None and reply.thinking and not reply.reasoning and reply.reasoning_tokens:
             problem = "reasoning_not_returned"
-        return Sample(
+        return RebuiltSample(
             reply.prompt_id,
             reply.provider,
             prompt_ids,
