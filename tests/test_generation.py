@@ -24,7 +24,6 @@ from eaglepipe.openrouter.secrets import read_api_key
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.rebuild import Rebuilder
-from eaglepipe.tokens.target import Target
 
 MODEL = "local/smollm2-135m-instruct"
 SECRET = "sk-or-v1-TESTSECRET0123456789"
@@ -303,7 +302,7 @@ def test_logprobs_asked_for_give_the_token_stage_exact_ids(
     assert generate(path, settings).done == 3
     records = responses(path.parent)
     truth = {r["prompt_id"]: r["response"].pop("token_ids") for r in records}  # left: text and logprobs
-    target = Target(load_target_tokenizer(model_dir))
+    target = load_target_tokenizer(model_dir).chat_format()
     prompts = {p["id"]: p for p in PROMPTS[:3]}
     samples = Rebuilder(target, token_settings()).rebuild(prompts, records, "test").samples
     assert all(r["response"]["logprobs"]["content"] for r in records)

@@ -22,7 +22,6 @@ from eaglepipe.io import atomic_write, read_jsonl, write_json
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
 from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, RebuiltSample, TokensError, TokenSettings
-from eaglepipe.tokens.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +37,9 @@ def build_tokens(
     settings: TokenSettings,
 ) -> dict[str, Any]:
     """Write `tokens.safetensors` and `tokens.json` for one prompt set; returns the statistics."""
-    target = Target(load_target_tokenizer(target_dir))
+    chat = load_target_tokenizer(target_dir).chat_format()
     prompts = {p["id"]: p for p in read_jsonl(prompts_path)}
-    rebuilt = Rebuilder(target, settings).rebuild(prompts, read_jsonl(responses_path), str(responses_path))
+    rebuilt = Rebuilder(chat, settings).rebuild(prompts, read_jsonl(responses_path), str(responses_path))
     kept = [s for s in rebuilt.samples if keep_reason(s, settings) is None]
     for sample in rebuilt.samples:
         if (reason := keep_reason(sample, settings)) is not None:

@@ -21,7 +21,6 @@ from typing import Any
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
 from eaglepipe.tokens.reply import parse_reply
-from eaglepipe.tokens.target import Target
 from eaglepipe.tokens.validate import marker_text_problem
 
 log = logging.getLogger(__name__)
@@ -39,11 +38,11 @@ def usability_probe(target_dir: Path) -> Callable[[dict[str, Any], dict[str, Any
     """`probe(prompt, record)`: why the journaled answer cannot be trained on, or None. None (and a warning)
     when the target's tokenizer is not at `target_dir`, e.g. on a login node without the weights."""
     try:
-        target = Target(load_target_tokenizer(target_dir))
+        chat = load_target_tokenizer(target_dir).chat_format()
     except (OSError, ValueError) as err:
         log.warning("no usability probe: the target's tokenizer at %s cannot be loaded (%s)", target_dir, err)
         return None
-    rebuilder = Rebuilder(target, PROBE_SETTINGS)
+    rebuilder = Rebuilder(chat, PROBE_SETTINGS)
 
     def problem(prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
         try:
@@ -54,6 +53,6 @@ def usability_probe(target_dir: Path) -> Callable[[dict[str, Any], dict[str, Any
         if sample.problem:
             return sample.problem
         excess = None if sample.billed_completion is None else sample.billed_diff
-        return marker_text_problem(target, parse_reply(record, "usability probe").texts, excess=excess)
+        return marker_text_problem(chat, parse_reply(record, "usability probe").texts, excess=excess)
 
     return problem

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_tools import ToolFormat
 from eaglepipe.target.segments import RenderError, Special
@@ -21,7 +22,6 @@ from eaglepipe.tokens.normalize import unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT
 from eaglepipe.tokens.profile import EngineProfile, Evidence, ProviderPin, decide_profile
 from eaglepipe.tokens.reply import Reply, parse_reply
-from eaglepipe.tokens.target import Target
 from eaglepipe.tokens.validate import structure_problem
 
 # Replies each bills probe (stop billing, reasoning end) reads per provider; readings that fit the bill.
@@ -97,10 +97,10 @@ class _Pending:
 
 
 class Rebuilder:
-    def __init__(self, target: Target, settings: TokenSettings) -> None:
-        self.target = target
+    def __init__(self, chat: ChatFormat, settings: TokenSettings) -> None:
+        self.chat = chat
         self.settings = settings
-        self.shape = shape_of(target.format)
+        self.shape = shape_of(chat)
 
     def rebuild(
         self, prompts: dict[str, dict[str, Any]], records: Iterable[dict[str, Any]], where: str
@@ -133,7 +133,7 @@ class Rebuilder:
         ][:PROBE_REPLIES]
         fits = {billed: 0 for billed in (True, False)}
         for item in probe:
-            item.pieces = PieceCache(self.target)
+            item.pieces = PieceCache(self.chat)
             variants = self._variants(item, profile, item.pieces)
             for billed in fits:
                 fits[billed] += select(variants, item.reply.billed_completion, billed).method in FITTING
@@ -163,7 +163,7 @@ class Rebuilder:
         stripping = replace(profile, whitespace=("rstrip",))
         rescued = 0
         for item in probe:
-            pieces = item.pieces = item.pieces or PieceCache(self.target)
+            pieces = item.pieces = item.pieces or PieceCache(self.chat)
             billed = item.reply.billed_completion
             if select(self._variants(item, profile, pieces), billed, profile.stop_billed).method in FITTING:
                 continue
@@ -174,7 +174,7 @@ class Rebuilder:
         return profile
 
     def _variants(self, item: _Pending, profile: EngineProfile, pieces: PieceCache) -> list[Variant]:
-        return self.shape.variants(item.reply, self.target, profile, item.history, pieces)
+        return self.shape.variants(item.reply, self.chat, profile, item.history, pieces)
 
     def _select(
         self, item: _Pending, profile: EngineProfile, pieces: PieceCache, billed: int | None
@@ -212,11 +212,11 @@ class Rebuilder:
                 continue
             # Bytes that name no token are refused too: vLLM sends a token that is part of a character
             # as what decoding it alone made of it (empty, or U+FFFD), not its own bytes.
-            ids = sent if kind is Method.SERVER_IDS else ids_from_bytes(self.target, sent)
+            ids = sent if kind is Method.SERVER_IDS else ids_from_bytes(self.chat, sent)
             exact = (
                 None
                 if ids is None
-                else exact_completion(self.target, reply, ids, history, self.shape.whitespace)
+                else exact_completion(self.chat, reply, ids, history, self.shape.whitespace)
             )
             if exact is not None:
                 return _Pending(prompt, reply, history, exact, kind, False)
@@ -227,7 +227,7 @@ class Rebuilder:
         """The reply in the parts the target generated: a template's answer is one text (tool calls
         rendered into it) and cannot reason; Kimi's parts are the reply's own."""
         calls = record["response"].get("tool_calls") or None
-        text = self.target.format.one_text_answer(reply.content, calls)
+        text = self.chat.one_text_answer(reply.content, calls)
         if text is None:
             return reply
         if reply.reasoning:
@@ -260,9 +260,9 @@ class Rebuilder:
                 votes[value] += 1
 
     def _sample(self, item: _Pending, profile: EngineProfile, where: str) -> RebuiltSample:
-        reply, target = item.reply, self.target
+        reply, chat = item.reply, self.chat
         prompt_ids, prompt_diffs, prompt_flags = self._prompt(item, where)
-        pieces, item.pieces = item.pieces or PieceCache(target), None
+        pieces, item.pieces = item.pieces or PieceCache(chat), None
         flags = prompt_flags | (Flag.TRUNCATED if reply.truncated else Flag(0))
         flags |= Flag.SERVER_IDS_REJECTED if item.rejected else Flag(0)
         billed = reply.billed_completion
@@ -276,7 +276,7 @@ class Rebuilder:
             flags |= chosen.flags
         as_returned = self._as_returned_length(reply, pieces) - stop_unbilled
         problem = structure_problem(
-            target, prompt_ids, ids, truncated=reply.truncated, thinking=reply.thinking
+            chat, prompt_ids, ids, truncated=reply.truncated, thinking=reply.thinking
         )
         if problem is None and reply.thinking and not reply.reasoning and reply.reasoning_tokens:
             problem = "reasoning_not_returned"
@@ -301,7 +301,7 @@ class Rebuilder:
         prompt, reply = item.prompt, item.reply
         tools = prompt.get("tools")
         configured = self.settings.tool_format
-        chat_format = self.target.format
+        chat_format = self.chat
         others = [f for f in chat_format.tool_formats if f != configured] if tools else []
         ids, used, failures = None, configured, []
         for used in (configured, *others):
@@ -328,7 +328,7 @@ class Rebuilder:
         return ids, {chat_format.tool_format_name(f): length - billed for f, length in lengths.items()}, flags
 
     def _render(self, prompt: dict[str, Any], reply: Reply, tool_format: ToolFormat) -> list[int]:
-        return self.target.prompt_ids(
+        return self.chat.prompt_ids(
             prompt["messages"], prompt.get("tools"), thinking=reply.thinking, tool_format=tool_format
         )
 
@@ -337,7 +337,7 @@ class Rebuilder:
         calls = [
             {"id": c.id, "function": {"name": c.name, "arguments": c.arguments}} for c in reply.tool_calls
         ]
-        segments = self.target.format.completion_segments(
+        segments = self.chat.completion_segments(
             reasoning=reply.reasoning,
             content=reply.content,
             tool_calls=calls,
