@@ -149,9 +149,8 @@ class Rebuilder:
         engine's text misses the bill on every reply whose reasoning ended in whitespace, and putting it
         back fits; an engine that keeps the text misses only where the model split a token as BPE would
         not, which a restored whitespace token can also "fit". So `rstrip` is taken when the restoration
-        alone fits at least `RSTRIP_RESCUED` of the probed replies: 22-23% on vLLM's own text of the
-        synthetic corpus, 8% on text kept as generated, whose splits (20% of its samples) are far more
-        frequent than in real answers (docs/tokens.md)."""
+        alone fits at least `RSTRIP_RESCUED` of the probed replies (docs/tokens.md: the shares measured
+        on both kinds of text)."""
         probe = [
             item
             for item in items
