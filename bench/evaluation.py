@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from eaglepipe.drafter.evaluate import evaluate
+from eaglepipe.drafter.evaluate import EvalSettings, evaluate
 from eaglepipe.drafter.holdout import training_holdout_prompts
 
 COMPARED = ("acceptance_length", "target_forwards", "tokens")
@@ -45,15 +45,18 @@ def main() -> None:
         drafter,
         args.target,
         [ids for _, _, ids in held_out],
+        EvalSettings(
+            num_steps=settings["num_steps"],
+            topk=settings["topk"],
+            num_draft_tokens=settings["num_draft_tokens"],
+            max_new_tokens=settings["max_new_tokens"],
+            batch_size=args.batch_size,
+            device="cpu",
+            dtype=settings["dtype"],
+            seed=settings["seed"],
+        ),
         prompt_ids=[pid for _, pid, _ in held_out],
         prompt_sets=[ds for ds, _, _ in held_out],
-        num_steps=settings["num_steps"],
-        topk=settings["topk"],
-        num_draft_tokens=settings["num_draft_tokens"],
-        max_new_tokens=settings["max_new_tokens"],
-        batch_size=args.batch_size,
-        seed=settings["seed"],
-        dtype=settings["dtype"],
     )
     total = time.perf_counter() - started
     k, max_new_tokens = settings["num_steps"], settings["max_new_tokens"]

@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from eaglepipe.hidden.backends import BackendSettings, open_backend
+from eaglepipe.hidden.backends import open_backend
 from eaglepipe.hidden.extract import HiddenSettings, extract_hidden, read_set_tokens
 from eaglepipe.hidden.storage import bytes_per_token
 from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import default_aux_layers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from stage_settings import hidden_settings  # noqa: E402  (the schema's defaults, as the tests build them)
 
 # The estimate's assumptions, printed with it.
 KIMI = {"active_params": 32e9, "hidden_size": 7168}
@@ -99,24 +103,21 @@ def main() -> None:
     runs = [
         (
             "hf float32",
-            HiddenSettings(
-                "bench", BackendSettings("hf", compute_dtype="float32"), dtype="float32", keep_free_gb=0
-            ),
+            hidden_settings(target_name="bench", dtype="float32", keep_free_gb=0),
         ),
         (
             "hf fp8 (bf16 compute)",
-            HiddenSettings(
-                "bench", BackendSettings("hf", compute_dtype="bfloat16"), dtype="fp8", keep_free_gb=0
-            ),
+            hidden_settings(target_name="bench", dtype="fp8", keep_free_gb=0),
         ),
     ]
     if args.vllm_python:
         runs.append(
             (
                 "vllm float32",
-                HiddenSettings(
-                    "bench",
-                    BackendSettings("vllm", compute_dtype="float32", engine_python=args.vllm_python),
+                hidden_settings(
+                    target_name="bench",
+                    backend="vllm",
+                    engine_python=args.vllm_python,
                     dtype="float32",
                     keep_free_gb=0,
                 ),

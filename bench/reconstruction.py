@@ -22,34 +22,39 @@ from pathlib import Path
 
 from eaglepipe.emulator.kimi_synthetic import kimi_corpus, reply_record
 from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, pin_for
+from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import sample_tensors
 from eaglepipe.tokens.methods import EXACT_METHODS, Method
-from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
-from eaglepipe.tokens.target import Target
+from eaglepipe.tokens.rebuild import Rebuilder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from stage_settings import token_settings  # noqa: E402  (the schema's defaults, as the tests build them)
 
 SEEDS_TOKENS = 60_000_000
 THROUGHPUT_SWITCHES = ("exact", "vllm", "sglang", "vllm_ids")
 
 
 
-def throughput(target: Target, corpus: list, switch: EngineSwitch, repeats: int) -> tuple[int, int, float]:
+def throughput(
+    target: ChatFormat, corpus: list, switch: EngineSwitch, repeats: int
+) -> tuple[int, int, float]:
     """(tokens, completion tokens, best seconds) for rebuilding the corpus's replies under `switch`."""
     records = [reply_record(target.tokenizer, sample, switch) for sample in corpus]
     prompts = {sample.prompt["id"]: sample.prompt for sample in corpus}
-    best = float("inf")
+    best, settings = float("inf"), token_settings()
     for _ in range(repeats):
         started = time.process_time()
-        rebuilt = Rebuilder(Target(target.tokenizer)).rebuild(prompts, records, switch.name)
+        rebuilt = Rebuilder(target.tokenizer.chat_format(), settings).rebuild(prompts, records, switch.name)
         sample_tensors(rebuilt.samples)
         best = min(best, time.process_time() - started)
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in rebuilt.samples)
     return tokens, sum(len(s.completion_ids) for s in rebuilt.samples), best
 
 
-def shares(target: Target, corpus: list, switch: EngineSwitch, informed: bool) -> dict[str, float]:
-    settings = TokenSettings(providers={switch.name: pin_for(switch)} if informed else {})
+def shares(target: ChatFormat, corpus: list, switch: EngineSwitch, informed: bool) -> dict[str, float]:
+    settings = token_settings(pins={switch.name: pin_for(switch)} if informed else {})
     records = [reply_record(target.tokenizer, sample, switch) for sample in corpus]
     prompts = {sample.prompt["id"]: sample.prompt for sample in corpus}
     rebuilt = Rebuilder(target, settings).rebuild(prompts, records, switch.name)
@@ -86,7 +91,7 @@ def main() -> int:
     os.sched_setaffinity(0, {cpu})
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer = load_target_tokenizer(ensure_kimi_layout(Path(scratch) / "kimi").directory)
-    target = Target(tokenizer)
+    target = tokenizer.chat_format()
     print(
         f"$ python bench/reconstruction.py --samples {args.samples} --length {args.length} "
         f"--repeats {args.repeats} --shares {args.shares}   (pinned to CPU {cpu})"

@@ -2,13 +2,12 @@
 
 from pathlib import Path
 
-from eaglepipe.drafter.evaluate import learning_curve
+from eaglepipe.drafter.evaluate import EvalSettings, learning_curve
 from eaglepipe.drafter.holdout import training_holdout_prompts
 from eaglepipe.io import write_json
 from eaglepipe.jobs import snakemake_job
 
 with snakemake_job(snakemake) as log:
-    settings = snakemake.params.settings
     prompts = training_holdout_prompts(
         Path(snakemake.input.report),
         snakemake.params.datasets,
@@ -20,11 +19,7 @@ with snakemake_job(snakemake) as log:
         Path(snakemake.params.drafter_dir),
         Path(snakemake.params.target),
         [ids for _, _, ids in prompts],
-        num_steps=settings["num_steps"],
-        max_new_tokens=settings["max_new_tokens"],
-        batch_size=settings["batch_size"],
-        device=settings["device"],
-        dtype=settings["dtype"],
+        EvalSettings.from_section(snakemake.params.settings),
     )
     write_json(Path(snakemake.output.curve), curve)
     log.info(

@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from eaglepipe.hidden.extract import extract_hidden, hidden_settings
+from eaglepipe.hidden.extract import HiddenSettings, extract_hidden
 from eaglepipe.jobs import snakemake_job
 
 with snakemake_job(snakemake) as log:
-    settings = hidden_settings(
+    settings = HiddenSettings.from_section(
         snakemake.params.settings,
         target_name=snakemake.params.target_name,
         gpus=int(getattr(snakemake.resources, "gpu", 0)),

@@ -13,6 +13,6 @@ with snakemake_job(snakemake) as log:
         Path(snakemake.params.target),
         Path(snakemake.output.tokens),
         Path(snakemake.output.stats),
-        TokenSettings.from_config(snakemake.params.settings),
+        TokenSettings.from_section(snakemake.params.settings),
     )
     log.info("%s: %s %s %s", snakemake.output.tokens, stats["counts"], stats["shares"], stats["billed"])

@@ -14,7 +14,7 @@ with snakemake_job(snakemake) as log:
         per_dataset=snakemake.params.holdout_per_dataset,
         explicit=snakemake.params.holdout_ids,
     )
-    settings = TrainSettings(**snakemake.params.settings)
+    settings = TrainSettings.from_section(snakemake.params.settings)
     # One rank per GPU the job was given (data parallel through torchrun); on the CPU, this process.
     gpus = int(getattr(snakemake.resources, "gpu", 0))
     report = train_data_parallel(

@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 from kimi_k25_config import KIMI_K25, KIMI_K25_TEXT
+from stage_settings import hidden_settings
 
 from eaglepipe.drafter.export import config_json
 from eaglepipe.drafter.model import Eagle3Config, Eagle3Drafter
-from eaglepipe.hidden.backends import BackendSettings
-from eaglepipe.hidden.extract import HiddenSettings, extract_hidden
+from eaglepipe.hidden.extract import extract_hidden
 from eaglepipe.hidden.storage import bytes_per_token
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
 from eaglepipe.target.layer_ids import default_aux_layers
@@ -132,7 +132,7 @@ def test_missing_routing_keys_are_named():
 
 def test_an_engine_backend_refuses_such_a_target_before_any_engine_starts(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**KIMI_K25_TEXT, "scoring_func": None}))
-    settings = HiddenSettings(target_name="mine", backend=BackendSettings("vllm"))
+    settings = hidden_settings(target_name="mine", backend="vllm")
     with pytest.raises(TargetConfigError, match="scoring_func is None"):
         extract_hidden(
             tmp_path / "t", tmp_path / "s", tmp_path, tmp_path / "h", tmp_path / "h.done", settings

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from stage_settings import token_settings
 
 from eaglepipe.emulator.kimi_synthetic import kimi_corpus, reply_record
 from eaglepipe.emulator.text_like import SWITCHES
@@ -166,7 +167,8 @@ def test_the_token_stage_loads_its_format_once(tmp_path, kimi_dir, kimi, monkeyp
     loads = counting_loads(monkeypatch, KimiTokenizer)
 
     summary = build_tokens(
-        prompts, responses, kimi_dir, tmp_path / "tokens.safetensors", tmp_path / "tokens.json"
+        prompts, responses, kimi_dir, tmp_path / "tokens.safetensors", tmp_path / "tokens.json",
+        token_settings(),
     )
 
     assert summary and len(loads) == 1

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from stage_settings import eval_settings, train_settings
 from transformers import AutoConfig
 
 from eaglepipe.drafter import DrafterError
@@ -40,7 +41,6 @@ from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.train import (
     SoftCrossEntropy,
     Teacher,
-    TrainSettings,
     collate,
     mix_sets,
     shift_left,
@@ -207,7 +207,7 @@ def manifest(target, aux_layer_ids, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def trained(manifest, model_dir, tmp_path_factory) -> tuple[Path, dict]:
     out_dir = tmp_path_factory.mktemp("drafter")
-    settings = TrainSettings(
+    settings = train_settings(
         draft_vocab_size=256, ttt_length=3, lr=2e-3, epochs=12, batch_tokens=2048, warmup_ratio=0.0
     )
     return out_dir, train_drafter([manifest], model_dir, out_dir, holdout_ids=HELD_OUT, settings=settings)
@@ -371,7 +371,7 @@ def test_soft_cross_entropy_gradient():
 
 def test_settings_name_the_bad_field():
     with pytest.raises(DrafterError, match="ttt_length"):
-        TrainSettings(ttt_length=0)
+        dataclasses.replace(train_settings(), ttt_length=0)
 
 
 @pytest.mark.slow
@@ -513,10 +513,9 @@ def test_evaluate_reports_every_method(trained, model_dir, target):
         trained[0],
         model_dir,
         prompts,
+        eval_settings(max_new_tokens=12, batch_size=2),
         prompt_ids=["count", "sun"],
         prompt_sets=["a", "b"],
-        max_new_tokens=12,
-        batch_size=2,
     )
     for name in ("eagle3", "eagle3_untrained", "prompt_lookup"):
         method = report["methods"][name]
@@ -533,13 +532,13 @@ def test_evaluate_reports_every_method(trained, model_dir, target):
     assert report["k"] == 3 and report["engine"].startswith("eaglepipe draft-and-verify loop")
     assert report["held_out_prompts"] == 2 and report["outputs_identical_across_methods"] is True
     with pytest.raises(DrafterError, match="topk 1"):
-        evaluate(trained[0], model_dir, prompts, topk=2)
+        evaluate(trained[0], model_dir, prompts, dataclasses.replace(eval_settings(), topk=2))
 
 
 def test_learning_curve_measures_the_kept_drafters_as_evaluate_does(manifest, model_dir, target, tmp_path):
     """Drafters kept at evenly spaced steps; the curve's last point is the final drafter, measured exactly as
     eval.json measures it, after an untrained point at 0 tokens; prompt lookup beside them."""
-    settings = TrainSettings(
+    settings = train_settings(
         draft_vocab_size=256, ttt_length=2, lr=2e-3, epochs=3, batch_tokens=1024, curve_points=3
     )
     out = tmp_path / "drafter"
@@ -549,12 +548,12 @@ def test_learning_curve_measures_the_kept_drafters_as_evaluate_does(manifest, mo
     )
     _, tokenizer = target
     prompts = [render_prompt_ids(tokenizer, [{"role": "user", "content": "Count from one to five."}])]
-    curve = learning_curve(tmp_path / "snapshots", out, model_dir, prompts, max_new_tokens=10)
+    curve = learning_curve(tmp_path / "snapshots", out, model_dir, prompts, eval_settings(max_new_tokens=10))
     steps = [point["step"] for point in curve["points"]]
     seen = [point["tokens_seen"] for point in curve["points"]]
     assert len(steps) == 4 and steps[0] == 0 and steps[-1] == report["steps"] and steps == sorted(set(steps))
     assert seen[0] == 0 and seen[-1] == report["tokens_seen"] and seen == sorted(set(seen))
-    measured = evaluate(out, model_dir, prompts, max_new_tokens=10)["methods"]
+    measured = evaluate(out, model_dir, prompts, eval_settings(max_new_tokens=10))["methods"]
 
     def figures(point: dict) -> dict:
         return {k: v for k, v in point.items() if k not in ("step", "tokens_seen", "seconds", "per_prompt")}
@@ -562,22 +561,24 @@ def test_learning_curve_measures_the_kept_drafters_as_evaluate_does(manifest, mo
     assert figures(curve["points"][-1]) == figures(measured["eagle3"])
     assert figures(curve["points"][0]) == figures(measured["eagle3_untrained"])
     assert curve["prompt_lookup"] == figures(measured["prompt_lookup"]) and curve["held_out_prompts"] == 1
-    none_kept = TrainSettings(draft_vocab_size=256, ttt_length=2, epochs=1, batch_tokens=1024, max_steps=1)
+    none_kept = train_settings(draft_vocab_size=256, ttt_length=2, epochs=1, batch_tokens=1024, max_steps=1)
     train_drafter([manifest], model_dir, out, holdout_ids=HELD_OUT, settings=none_kept,
                   snapshot_dir=tmp_path / "none")
     assert json.loads((tmp_path / "none" / "index.json").read_text()) == {"points": []}
     with pytest.raises(DrafterError, match="drafter.curve_points"):
-        learning_curve(tmp_path / "none", out, model_dir, prompts)
+        learning_curve(tmp_path / "none", out, model_dir, prompts, eval_settings())
 
 
 RESUMABLE_TRAINING = """
 import logging, sys
+sys.path.insert(0, sys.argv[5])
+from stage_settings import train_settings
 from pathlib import Path
-from eaglepipe.drafter.train import TrainSettings, train_drafter
+from eaglepipe.drafter.train import train_drafter
 logging.basicConfig(level=logging.INFO)
 manifest, target, out, checkpoints = map(Path, sys.argv[1:5])
-settings = TrainSettings(draft_vocab_size=256, ttt_length=3, lr=2e-3, epochs=6, batch_tokens=512,
-                         warmup_ratio=0.1, checkpoint_every=3, curve_points=4)
+settings = train_settings(draft_vocab_size=256, ttt_length=3, lr=2e-3, epochs=6, batch_tokens=512,
+                          warmup_ratio=0.1, checkpoint_every=3, curve_points=4)
 report = train_drafter([manifest], target, out, holdout_ids={"sun", "cats"}, settings=settings,
                        checkpoint_dir=checkpoints, snapshot_dir=out / "snapshots")
 print(report["steps"], report["resumed_from_step"])
@@ -585,7 +586,7 @@ print(report["steps"], report["resumed_from_step"])
 
 
 def train_in_a_process(manifest: Path, model_dir: Path, out: Path, checkpoints: Path) -> subprocess.Popen:
-    paths = [str(manifest), str(model_dir), str(out), str(checkpoints)]
+    paths = [str(manifest), str(model_dir), str(out), str(checkpoints), str(Path(__file__).resolve().parent)]
     return subprocess.Popen([sys.executable, "-c", RESUMABLE_TRAINING, *paths], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
 
@@ -627,7 +628,7 @@ def test_a_sigkilled_training_resumes_and_ends_with_the_uninterrupted_weights(ma
 
 
 def test_a_checkpoint_of_another_training_is_not_resumed(manifest, model_dir, tmp_path, caplog):
-    first = TrainSettings(
+    first = train_settings(
         draft_vocab_size=256, ttt_length=2, epochs=1, batch_tokens=512, max_steps=2, checkpoint_every=1
     )
     from eaglepipe.drafter.checkpoint import save_checkpoint
@@ -650,8 +651,8 @@ def test_a_checkpoint_of_another_training_is_not_resumed(manifest, model_dir, tm
 def test_two_data_parallel_ranks_train_as_one_process_accumulating_two_batches(manifest, model_dir, tmp_path):
     """torchrun with 2 CPU ranks (gloo): each step's gradients averaged over the ranks equal one process's
     accumulated over the same two batches, so the runs agree up to float summation order."""
-    settings = TrainSettings(draft_vocab_size=256, ttt_length=2, lr=2e-3, epochs=3, batch_tokens=128,
-                             warmup_ratio=0.0)
+    settings = train_settings(draft_vocab_size=256, ttt_length=2, lr=2e-3, epochs=3, batch_tokens=128,
+                              warmup_ratio=0.0)
     alone = train_drafter([manifest], model_dir, tmp_path / "one", holdout_ids=HELD_OUT,
                           settings=dataclasses.replace(settings, batches_per_step=2))
     ranks = train_data_parallel(2, [manifest], model_dir, tmp_path / "two", holdout_ids=HELD_OUT,
@@ -675,7 +676,7 @@ def test_set_weights_repeat_or_subsample_each_set_and_name_unknown_sets(manifest
     assert len(half) == 3 and {r.prompt_id for r in half} < {f"b{i}" for i in range(6)}
     assert mix_sets(refs, [2.0, 0.5], seed=0) == mixed and mix_sets(refs, [0.0, 1.0], seed=0) == refs[4:]
 
-    settings = TrainSettings(draft_vocab_size=256, ttt_length=2, epochs=1, batch_tokens=512, max_steps=1)
+    settings = train_settings(draft_vocab_size=256, ttt_length=2, epochs=1, batch_tokens=512, max_steps=1)
     plain = train_drafter([manifest], model_dir, tmp_path / "plain", holdout_ids=HELD_OUT, settings=settings,
                           set_names=["demo"])
     twice = dataclasses.replace(settings, set_weights={"demo": 2.0})

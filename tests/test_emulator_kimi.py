@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from stage_settings import token_settings
 
 from eaglepipe.emulator.__main__ import main, parse_args
 from eaglepipe.emulator.api_schemas import validate
@@ -31,7 +32,6 @@ from eaglepipe.openrouter.replies import read_reply, read_streamed_reply
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.probe import usability_probe
 from eaglepipe.tokens.rebuild import Rebuilder
-from eaglepipe.tokens.target import Target
 
 MODEL = "moonshotai/kimi-k2.5"
 COUNT, SEED = 24, 3
@@ -287,7 +287,7 @@ def test_the_probe_sees_leaked_markers_and_the_bill_sees_dropped_text(
     marker text the model wrote, which the shorter text no longer pays for, gives it away); the bill can:
     the rebuilt answer is shorter than the ids billed, so the token stage drops it as off by k."""
     probe = usability_probe(kimi_dir)
-    rebuilder = Rebuilder(Target(kimi))
+    rebuilder = Rebuilder(kimi.chat_format(), token_settings())
     with_text_before_calls = [
         i
         for i, s in enumerate(corpus)

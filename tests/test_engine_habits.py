@@ -7,14 +7,14 @@ from __future__ import annotations
 import re
 
 import pytest
+from stage_settings import token_settings
 
 from eaglepipe.emulator.kimi_synthetic import TrueSample, bytes_of_characters, kimi_corpus
 from eaglepipe.emulator.text_like import SWITCHES, engine_reply
 from eaglepipe.tokens.engines.corpus import MODES, engine_corpus, engine_record
 from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
 from eaglepipe.tokens.profile import ProviderPin
-from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
-from eaglepipe.tokens.target import Target
+from eaglepipe.tokens.rebuild import Rebuilder
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.sglang]
 CORPUS_SIZE = 200
@@ -68,7 +68,8 @@ def rebuild(kimi, corpus, replies, *, with_ids=False, with_logprobs=False, infor
     ]
     prompts = {s.prompt["id"]: s.prompt for s in corpus}
     pins = {records[0]["provider"]: PINS[replies[0]["engine"]]} if informed else {}
-    return Rebuilder(Target(kimi), TokenSettings(providers=pins)).rebuild(prompts, records, "engines").samples
+    rebuilder = Rebuilder(kimi.chat_format(), token_settings(pins=pins))
+    return rebuilder.rebuild(prompts, records, "engines").samples
 
 
 def test_both_engines_answer_every_sample_in_both_modes(replies, corpus):
@@ -273,7 +274,8 @@ def test_vllms_stripped_reasoning_end_is_learned_from_the_bills(kimi, corpus, re
     prompts = {s.prompt["id"]: s.prompt for s in corpus}
     for (engine, mode), lines in replies.items():
         records = [engine_record(s, r) for s, r in zip(corpus, lines, strict=True)]
-        profile = Rebuilder(Target(kimi)).rebuild(prompts, records, "engines").profiles[f"{engine}-{mode}"]
+        rebuilt = Rebuilder(kimi.chat_format(), token_settings()).rebuild(prompts, records, "engines")
+        profile = rebuilt.profiles[f"{engine}-{mode}"]
         if engine == "vllm":
             assert (profile.whitespace, profile.sources["whitespace"]) == (("rstrip",), "bills"), mode
         else:

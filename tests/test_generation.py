@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from generation_defaults import generation_settings
+from stage_settings import token_settings
 
 from eaglepipe.openrouter.client import GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError
@@ -25,7 +26,6 @@ from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.rebuild import Rebuilder
-from eaglepipe.tokens.target import Target
 
 MODEL = "local/smollm2-135m-instruct"
 SECRET = "sk-or-v1-TESTSECRET0123456789"
@@ -304,9 +304,9 @@ def test_logprobs_asked_for_give_the_token_stage_exact_ids(
     assert generate(path, settings).done == 3
     records = responses(path.parent)
     truth = {r["prompt_id"]: r["response"].pop("token_ids") for r in records}  # left: text and logprobs
-    target = Target(load_target_tokenizer(model_dir))
+    target = load_target_tokenizer(model_dir).chat_format()
     prompts = {p["id"]: p for p in PROMPTS[:3]}
-    samples = Rebuilder(target).rebuild(prompts, records, "test").samples
+    samples = Rebuilder(target, token_settings()).rebuild(prompts, records, "test").samples
     assert all(r["response"]["logprobs"]["content"] for r in records)
     for sample in samples:
         assert sample.method == Method.LOGPROB_BYTES and sample.problem is None

@@ -14,10 +14,11 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from stage_settings import hidden_settings
 
 from eaglepipe.drafter.data import load_samples, open_hidden_data
 from eaglepipe.hidden import HiddenError
-from eaglepipe.hidden.backends import BackendSettings, CapturedStates
+from eaglepipe.hidden.backends import CapturedStates
 from eaglepipe.hidden.backends.hf import HFBackend
 from eaglepipe.hidden.extract import HiddenSettings, check_agreement, extract_hidden
 from eaglepipe.hidden.shards import decode_states, encode_states, plan_shards, read_shard_metadata
@@ -26,6 +27,7 @@ from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import AuxLayerError, default_aux_layers
 from eaglepipe.target.load import load_target
 
+TESTS = os.path.dirname(os.path.abspath(__file__))
 ROWS = [[1, 504, 2177, 288, 1345, 30, 2], [1, 9226, 17, 2], [1, 1345, 314, 253, 1565, 28, 30, 2, 7, 9]]
 
 
@@ -64,11 +66,7 @@ def token_file(tmp_path):
 
 
 def settings(dtype="float32", backend="hf", **kwargs) -> HiddenSettings:
-    engine = {key: kwargs.pop(key) for key in ("batch_tokens", "engine_python", "gpus") if key in kwargs}
-    compute = "bfloat16" if dtype == "fp8" else dtype
-    return HiddenSettings(target_name="smollm2", dtype=dtype, keep_free_gb=kwargs.pop("keep_free_gb", 0),
-                          backend=BackendSettings(backend, device="cpu", compute_dtype=compute, **engine),
-                          **kwargs)
+    return hidden_settings(dtype=dtype, backend=backend, keep_free_gb=kwargs.pop("keep_free_gb", 0), **kwargs)
 
 
 def extract(token_path, model_dir, out_dir, **kwargs):
@@ -148,12 +146,12 @@ def test_bad_layers_name_the_config_key(tmp_path, model_dir, token_file):
 KILL_SCRIPT = """
 import sys
 from pathlib import Path
-from eaglepipe.hidden.backends import BackendSettings
-from eaglepipe.hidden.extract import HiddenSettings, extract_hidden
+sys.path.insert(0, sys.argv[4])
+from stage_settings import hidden_settings
+from eaglepipe.hidden.extract import extract_hidden
 tokens, model, out = map(Path, sys.argv[1:4])
 extract_hidden(tokens, tokens.with_name("tokens.json"), model, out / "hidden", out / "hidden.done",
-               HiddenSettings("smollm2", BackendSettings("hf", compute_dtype="float32"), dtype="float32",
-                              shard_tokens=1, keep_free_gb=0))
+               hidden_settings(dtype="float32", shard_tokens=1, keep_free_gb=0))
 """
 
 
@@ -162,7 +160,7 @@ def test_killed_mid_run_a_rerun_computes_only_the_missing_shards(tmp_path, model
     rows = [[1] + [100 + 7 * i + j for j in range(40 + i)] + [2] for i in range(16)]
     token_path = write_tokens(tmp_path, rows, [f"p{i}" for i in range(16)])
     killed, whole = tmp_path / "killed", tmp_path / "whole"
-    command = [sys.executable, "-c", KILL_SCRIPT, str(token_path), str(model_dir), str(killed)]
+    command = [sys.executable, "-c", KILL_SCRIPT, str(token_path), str(model_dir), str(killed), TESTS]
     child = subprocess.Popen(command)
     deadline = time.monotonic() + 300
     while not (killed / "hidden" / "shard-00002.json").exists():
@@ -215,7 +213,7 @@ def test_fp8_codec_keeps_each_token_within_fp8_error():
 
 
 def test_the_agreement_check_names_the_prompt_whose_ids_the_engine_changed(model_dir):
-    backend = HFBackend(BackendSettings("hf", compute_dtype="float32"), model_dir, [1, 14, 26])
+    backend = HFBackend(hidden_settings(dtype="float32").backend, model_dir, [1, 14, 26])
     expected = torch.tensor(ROWS[0])
     shifted = torch.tensor([2] + ROWS[0][1:])  # an engine that prefilled another first token
     [states] = backend.states([shifted])

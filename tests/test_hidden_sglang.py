@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 from kimi_k25_config import KIMI_K25
+from stage_settings import hidden_settings
 
 from eaglepipe.drafter.export import config_json
 from eaglepipe.drafter.model import Eagle3Config
 from eaglepipe.hidden import HiddenError
-from eaglepipe.hidden.backends import BackendSettings, memory_problem
+from eaglepipe.hidden.backends import memory_problem
 from eaglepipe.hidden.backends.sglang import SGLangBackend
 from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import vllm_capture_ids
@@ -167,7 +168,7 @@ def test_the_worker_calls_sglang_with_its_real_signatures(sglang_facts):
 def test_the_sglang_backend_refuses_to_start_without_gpus(model_dir):
     target = TargetArchitecture.from_dir(model_dir)
     with pytest.raises(HiddenError, match="hidden.backend' = sglang needs GPUs"):
-        SGLangBackend(BackendSettings("sglang", gpus=0), model_dir, [1, 14, 26], target, 100)
+        SGLangBackend(hidden_settings(backend="sglang", gpus=0).backend, model_dir, [1, 14, 26], target, 100)
 
 
 def test_a_target_too_large_for_the_gpus_is_refused_in_one_line(tmp_path):

@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from stage_settings import eval_settings, train_settings
 from test_hidden import extract, settings
 
 from eaglepipe.drafter.evaluate import evaluate
 from eaglepipe.drafter.speculators import export_speculators
-from eaglepipe.drafter.train import TrainSettings, train_drafter
+from eaglepipe.drafter.train import train_drafter
 from eaglepipe.hidden.backends.hf import HFBackend
 from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.load import load_target
@@ -180,7 +181,7 @@ def served(request, tiny_targets, continuations, tmp_path_factory) -> dict:
     token_path = write_samples(work / "tokens", continuations[name])
     extract(token_path, target, work, shard_tokens=4000)
     drafter = work / "drafter"
-    settings = TrainSettings(
+    settings = train_settings(
         draft_vocab_size=1024, ttt_length=NUM_STEPS, lr=3e-3, epochs=30, batch_tokens=2048, max_seq_len=1024
     )
     train_drafter([work / "hidden.done"], target, drafter, holdout_ids=set(), settings=settings)
@@ -189,9 +190,7 @@ def served(request, tiny_targets, continuations, tmp_path_factory) -> dict:
         drafter,
         target,
         prompts,
-        num_steps=NUM_STEPS,
-        num_draft_tokens=NUM_STEPS + 1,
-        max_new_tokens=MAX_NEW_TOKENS,
+        eval_settings(num_steps=NUM_STEPS, num_draft_tokens=NUM_STEPS + 1, max_new_tokens=MAX_NEW_TOKENS),
     )
     (work / "prompts.json").write_text(json.dumps(prompts))
     plain, _ = run_vllm(target, work / "prompts.json", work / "plain.json")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 from safetensors.torch import load_file
+from stage_settings import token_settings
 
 from eaglepipe.emulator.kimi_synthetic import (
     HIDDEN_BY_STRIP,
@@ -30,9 +31,8 @@ from eaglepipe.target.segments import encode_segments
 from eaglepipe.tokens.build import build_tokens
 from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
 from eaglepipe.tokens.pieces import Edit, Piece
-from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, TokenSettings, pad_signature
+from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, pad_signature
 from eaglepipe.tokens.reply import parse_reply
-from eaglepipe.tokens.target import Target
 from eaglepipe.tokens.validate import structure_problem
 
 CORPUS_SIZE = 400
@@ -64,10 +64,11 @@ class Run:
 
 def rebuild_under(kimi, corpus: list[TrueSample], name: str, informed: bool) -> Run:
     switch = SWITCHES[name]
-    settings = TokenSettings(providers={name: pin_for(switch)} if informed else {})
+    settings = token_settings(pins={name: pin_for(switch)} if informed else {})
     records = [reply_record(kimi, sample, switch) for sample in corpus]
     prompts = {sample.prompt["id"]: sample.prompt for sample in corpus}
-    return Run(switch, informed, Rebuilder(Target(kimi), settings).rebuild(prompts, records, name), corpus)
+    rebuilt = Rebuilder(kimi.chat_format(), settings).rebuild(prompts, records, name)
+    return Run(switch, informed, rebuilt, corpus)
 
 
 @pytest.fixture(scope="session")
@@ -148,7 +149,7 @@ def test_exact_ids_teach_the_engine_for_that_providers_text_only_replies(kimi, c
     for record in records[1::2]:
         del record["response"]["token_ids"]
     prompts = {sample.prompt["id"]: sample.prompt for sample in corpus}
-    rebuilt = Rebuilder(Target(kimi)).rebuild(prompts, records, "mixed")
+    rebuilt = Rebuilder(kimi.chat_format(), token_settings()).rebuild(prompts, records, "mixed")
     text_only = rebuilt.samples[1::2]
     assert all(s.method is Method.SERVER_IDS for s in rebuilt.samples[::2])
     assert rebuilt.profiles["sglang_stripping_ids"].whitespace == ("strip",)
@@ -162,7 +163,8 @@ def test_server_ids_that_disagree_with_the_text_are_rebuilt_instead(kimi, corpus
     sample = next(s for s in corpus if s.stopped and len(s.answer_ids) > 20)
     record = reply_record(kimi, sample, SWITCHES["vllm_ids"])
     record["response"]["token_ids"] = record["response"]["token_ids"][:-3]
-    rebuilt = Rebuilder(Target(kimi)).rebuild({sample.prompt["id"]: sample.prompt}, [record], "one")
+    rebuilder = Rebuilder(kimi.chat_format(), token_settings())
+    rebuilt = rebuilder.rebuild({sample.prompt["id"]: sample.prompt}, [record], "one")
     assert rebuilt.samples[0].method is not Method.SERVER_IDS
     assert rebuilt.samples[0].flags & Flag.SERVER_IDS_REJECTED
 
@@ -175,7 +177,7 @@ def test_logprob_bytes_of_parts_of_characters_are_refused_and_rebuilt_from_text(
     sample = bytes_of_characters(kimi, [s for s in corpus if s.stopped])[0]
     record = reply_record(kimi, sample, SWITCHES["vllm_logprobs"])
     prompts = {sample.prompt["id"]: sample.prompt}
-    as_sent = Rebuilder(Target(kimi)).rebuild(prompts, [record], "one").samples[0]
+    as_sent = Rebuilder(kimi.chat_format(), token_settings()).rebuild(prompts, [record], "one").samples[0]
     assert (as_sent.method, as_sent.completion_ids) == (Method.LOGPROB_BYTES, sample.ids)
     parts = 0
     for entry in record["response"]["logprobs"]["content"]:
@@ -185,7 +187,7 @@ def test_logprob_bytes_of_parts_of_characters_are_refused_and_rebuilt_from_text(
             entry["bytes"] = list(entry["token"].encode())
             parts += 1
     assert parts >= 2
-    rebuilt = Rebuilder(Target(kimi)).rebuild(prompts, [record], "one").samples[0]
+    rebuilt = Rebuilder(kimi.chat_format(), token_settings()).rebuild(prompts, [record], "one").samples[0]
     assert rebuilt.method not in EXACT_METHODS
     assert rebuilt.flags & Flag.SERVER_IDS_REJECTED
 
@@ -195,7 +197,7 @@ def test_prompt_lengths_are_checked_against_the_bill_in_both_tool_formats(kimi, 
     prompts = {s.prompt["id"]: s.prompt for s in with_tools}
     json_only = replace(SWITCHES["exact"], name="json_tools", prompt_tool_format="json")
     differs = [s for s in with_tools if s.prompt_lengths["json"] != s.prompt_lengths["typescript"]]
-    rebuilt = Rebuilder(Target(kimi)).rebuild(
+    rebuilt = Rebuilder(kimi.chat_format(), token_settings()).rebuild(
         prompts, [reply_record(kimi, s, json_only) for s in with_tools], "j"
     )
     for sample, truth in zip(rebuilt.samples, with_tools, strict=True):
@@ -269,7 +271,7 @@ def test_every_feature_renders_and_rebuilds(kimi):
             for n in ("get_weather", "search", "run_python")
         ],
     }
-    target = Target(kimi)
+    target = kimi.chat_format()
     prompt_ids = target.prompt_ids(FEATURES, prompt["tools"], thinking=True, tool_format="typescript")
     # (SGLang's non-streamed numbering cannot be told from Kimi's in one reply without the config.)
     for name in ("exact", "vllm", "vllm_spaced", "sglang_stripping"):
@@ -281,7 +283,7 @@ def test_every_feature_renders_and_rebuilds(kimi):
             "response": reply.response(),
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": reply.completion_tokens},
         }
-        sample = Rebuilder(target).rebuild({"features": prompt}, [record], name).samples[0]
+        sample = Rebuilder(target, token_settings()).rebuild({"features": prompt}, [record], name).samples[0]
         assert sample.completion_ids == truth, name
         assert sample.prompt_ids == prompt_ids and sample.problem is None
         # Blind, ids numbered from 2 could as well have been renumbered from 0 at the same length.
@@ -291,7 +293,7 @@ def test_every_feature_renders_and_rebuilds(kimi):
 @pytest.mark.parametrize("seed", range(6))
 def test_an_edited_piece_has_the_ids_of_its_whole_encoding(kimi, corpus, seed):
     rng = random.Random(seed)
-    target = Target(kimi)
+    target = kimi.chat_format()
     texts = [kimi.decode(s.answer_ids) for s in rng.sample(corpus, 20)]
     for text in texts:
         piece = Piece(text, target.encode)
@@ -307,7 +309,7 @@ def test_an_edited_piece_has_the_ids_of_its_whole_encoding(kimi, corpus, seed):
 
 
 def test_malformed_completions_are_named(kimi):
-    target = Target(kimi)
+    target = kimi.chat_format()
     prompt = target.prompt_ids([{"role": "user", "content": "hi"}], None, thinking=True, tool_format="json")
     layout, text = target.layout, kimi.encode("answer")
     user = kimi.special_id("<|im_user|>")
@@ -343,6 +345,7 @@ def test_the_stage_writes_methods_flags_and_statistics(tmp_path, kimi, kimi_dir,
         kimi_dir,
         tmp_path / "tokens.safetensors",
         tmp_path / "tokens.json",
+        token_settings(),
     )
     tensors = load_file(str(tmp_path / "tokens.safetensors"))
     kept = stats["counts"]["kept"]
@@ -392,7 +395,8 @@ def test_a_provider_is_read_by_most_of_its_replies_and_the_others_by_the_reading
     assert len(clean) == 11
     usual, odd = (padding, plain) if majority == "pad" else (plain, padding)
     records = [as_provider(s, usual) for s in clean[:10]] + [as_provider(clean[10], odd)]
-    rebuilt = Rebuilder(Target(kimi)).rebuild({s.prompt["id"]: s.prompt for s in clean}, records, "mixed")
+    rebuilder = Rebuilder(kimi.chat_format(), token_settings())
+    rebuilt = rebuilder.rebuild({s.prompt["id"]: s.prompt for s in clean}, records, "mixed")
     profile = rebuilt.profiles["mixed"]
     assert profile.whitespace == (majority,)
     assert profile.fallback == (odd.whitespace,)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from stage_settings import token_settings
 
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text import TokenizerText
@@ -22,7 +23,6 @@ from eaglepipe.target.load import load_tokenizer
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, Method, flag_names
 from eaglepipe.tokens.rebuild import Rebuilder
-from eaglepipe.tokens.target import Target
 
 pytestmark = pytest.mark.slow
 
@@ -108,9 +108,9 @@ def test_served_text_is_the_switch_applied_to_the_ids(served, model_dir):
 def test_every_greedy_answer_is_rebuilt_exactly_or_labelled(served, model_dir):
     prompts, answers, _ = served
     tokenizer = load_target_tokenizer(model_dir)
-    target = Target(tokenizer)
+    target = tokenizer.chat_format()
     records = [journal_record(p, a) for p, a in zip(prompts, answers, strict=True)]
-    rebuilt = Rebuilder(target).rebuild({p["id"]: p for p in prompts}, records, "local")
+    rebuilt = Rebuilder(target, token_settings()).rebuild({p["id"]: p for p in prompts}, records, "local")
     true = 0
     for sample, answer in zip(rebuilt.samples, answers, strict=True):
         choice = answer["choices"][0]

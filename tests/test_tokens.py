@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from stage_settings import token_settings
 
 from eaglepipe.target.chat import render_prompt_ids, stop_token_id
 from eaglepipe.target.load import load_target, load_tokenizer
 from eaglepipe.tokens.build import TokensError, build_tokens
 from eaglepipe.tokens.methods import Flag, Method
-from eaglepipe.tokens.rebuild import TokenSettings
 
 PROMPTS = [
     {"id": "p-greet", "messages": [{"role": "user", "content": "Say hello to Ada."}]},
@@ -60,7 +60,7 @@ def write(tmp_path, records):
 def run(tmp_path, model_dir, records, **settings):
     prompts, responses = write(tmp_path, records)
     return build_tokens(prompts, responses, model_dir, tmp_path / "tokens.safetensors",
-                        tmp_path / "tokens.json", TokenSettings(**settings))
+                        tmp_path / "tokens.json", token_settings(**settings))
 
 
 def test_rows_masks_and_methods(tmp_path, model_dir, greedy):

@@ -15,11 +15,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from stage_settings import eval_settings, train_settings
 from tiny_run import PROMPTS, RESULTS_ROOT
 
 from eaglepipe.drafter.evaluate import evaluate
 from eaglepipe.drafter.holdout import holdout_prompts
-from eaglepipe.drafter.train import TrainSettings, train_drafter
+from eaglepipe.drafter.train import train_drafter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -49,8 +50,8 @@ def served(tiny_pipeline: Path, model_dir: Path, tmp_path_factory) -> dict:
     root = tiny_pipeline / RESULTS_ROOT
     work = tmp_path_factory.mktemp("vllm")
     drafter = work / "drafter"
-    settings = TrainSettings(draft_vocab_size=512, ttt_length=NUM_STEPS, lr=3e-3, epochs=60,
-                             batch_tokens=1024, max_seq_len=256)
+    settings = train_settings(draft_vocab_size=512, ttt_length=NUM_STEPS, lr=3e-3, epochs=60,
+                              batch_tokens=1024, max_seq_len=256)
     train_drafter([root / ds / "hidden.done" for ds in PROMPTS], model_dir, drafter, holdout_ids=set(),
                   settings=settings)
     prompts = []
@@ -59,8 +60,8 @@ def served(tiny_pipeline: Path, model_dir: Path, tmp_path_factory) -> dict:
         every_id = json.loads(stats.read_text())["prompt_ids"]
         held_out = holdout_prompts([ds], [root / ds / "tokens.safetensors"], [stats], every_id)
         prompts += [ids for _, _, ids in held_out]
-    report = evaluate(drafter, model_dir, prompts, num_steps=NUM_STEPS, num_draft_tokens=NUM_STEPS + 1,
-                      max_new_tokens=MAX_NEW_TOKENS)
+    chain = eval_settings(num_steps=NUM_STEPS, num_draft_tokens=NUM_STEPS + 1, max_new_tokens=MAX_NEW_TOKENS)
+    report = evaluate(drafter, model_dir, prompts, chain)
     (work / "prompts.json").write_text(json.dumps(prompts))
     plain, _ = run_vllm(model_dir, work / "prompts.json", work / "plain.json")
     speculative, log = run_vllm(model_dir, work / "prompts.json", work / "speculative.json", drafter)

@@ -38,7 +38,9 @@ class SampleRef:
 
 
 @dataclass
-class Sample:
+class TrainingSample:
+    """One sample's ids, loss mask and hidden states, loaded from its shard for training."""
+
     prompt_id: str
     aux: Tensor  # [T, 3H], the shard's dtype (float32 for fp8 shards, decoded)
     final: Tensor  # [T, H], after the target's final norm
@@ -89,12 +91,12 @@ def open_hidden_data(manifests: list[Path], *, holdout_ids: set[str]) -> HiddenD
     return HiddenData(samples, held_out, list(layout[0]), layout[1], counts)
 
 
-def load_samples(refs: list[SampleRef]) -> list[Sample]:
+def load_samples(refs: list[SampleRef]) -> list[TrainingSample]:
     """Read the samples' slices, in the order given."""
     by_shard: dict[Path, list[int]] = defaultdict(list)
     for i, ref in enumerate(refs):
         by_shard[ref.shard].append(i)
-    loaded: list[Sample | None] = [None] * len(refs)
+    loaded: list[TrainingSample | None] = [None] * len(refs)
     for shard, indices in by_shard.items():
         with safe_open(str(shard), framework="pt") as tensors:
             stored = set(tensors.keys())  # safe_open supports no `in`
@@ -105,7 +107,7 @@ def load_samples(refs: list[SampleRef]) -> list[Sample]:
                 rows = {name: piece[ref.start : ref.stop] for name, piece in slices.items()}
                 fp8 = "aux_scale" in rows
                 aux, final = decode_states(rows, torch.float32 if fp8 else rows["aux"].dtype)
-                loaded[i] = Sample(
+                loaded[i] = TrainingSample(
                     prompt_id=ref.prompt_id,
                     aux=aux,
                     final=final,

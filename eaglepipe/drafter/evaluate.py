@@ -32,6 +32,34 @@ PROMPT_LOOKUP_MAX_NGRAM = 3
 ENGINE = "eaglepipe draft-and-verify loop (transformers target, greedy, one draft chain)"
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvalSettings:
+    """How the drafter is measured: the `eval` section of the config, less the held-out prompts' choice
+    (training's); schemas/config.schema.yaml holds the defaults."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    max_new_tokens: int
+    batch_size: int  # held-out prompts per shared target forward
+    device: str
+    dtype: str
+    seed: int = 0  # the untrained drafter's initialisation; not a config key
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any]) -> EvalSettings:
+        """From the validated config's `eval` section."""
+        return cls(
+            num_steps=section["num_steps"],
+            topk=section["topk"],
+            num_draft_tokens=section["num_draft_tokens"],
+            max_new_tokens=section["max_new_tokens"],
+            batch_size=section["batch_size"],
+            device=section["device"],
+            dtype=section["dtype"],
+        )
+
+
 class Proposer(Protocol):
     """Drafts for many sequences at once, each named by a row id that stays the same across calls."""
 
@@ -303,23 +331,19 @@ def evaluate(
     drafter_dir: Path,
     target_dir: Path,
     prompts: list[list[int]],
+    settings: EvalSettings,
     *,
     prompt_ids: list[str] | None = None,
     prompt_sets: list[str] | None = None,
-    num_steps: int = 3,
-    topk: int = 1,
-    num_draft_tokens: int = 4,
-    max_new_tokens: int = 128,
-    batch_size: int = 16,
-    seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
 ) -> dict[str, Any]:
     """eval.json: acceptance of the exported drafter, an untrained one and prompt lookup on `prompts`.
 
     The prompts go `batch_size` at a time, each with a row per method, through one target forward per round.
     `prompt_ids`/`prompt_sets` (one per prompt) label the prompts and give the per-set figures.
     """
+    num_steps, topk, num_draft_tokens = settings.num_steps, settings.topk, settings.num_draft_tokens
+    max_new_tokens, batch_size, seed = settings.max_new_tokens, settings.batch_size, settings.seed
+    device, dtype = settings.device, settings.dtype
     if topk != 1 or num_draft_tokens != num_steps + 1:
         raise DrafterError(
             f"evaluation drafts one chain: use topk 1 and num_draft_tokens = num_steps + 1 "
@@ -387,17 +411,13 @@ def learning_curve(
     final_dir: Path,
     target_dir: Path,
     prompts: list[list[int]],
-    *,
-    num_steps: int = 3,
-    max_new_tokens: int = 128,
-    batch_size: int = 16,
-    seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
+    settings: EvalSettings,
 ) -> dict[str, Any]:
     """curve.json: acceptance on `prompts` of each drafter training kept (`snapshot_dir/index.json`, the
     last point being the final drafter in `final_dir`), beside the untrained drafter (0 tokens seen) and
-    prompt lookup, measured exactly as `evaluate` measures them."""
+    prompt lookup, measured exactly as `evaluate` measures them (one chain of `settings.num_steps`)."""
+    num_steps, max_new_tokens, batch_size = settings.num_steps, settings.max_new_tokens, settings.batch_size
+    seed, device, dtype = settings.seed, settings.device, settings.dtype
     index = json.loads((Path(snapshot_dir) / "index.json").read_text())["points"]
     if not index:
         raise DrafterError(

@@ -31,7 +31,7 @@ from eaglepipe.drafter.checkpoint import (
     save_checkpoint,
     training_fingerprint,
 )
-from eaglepipe.drafter.data import Sample, SampleRef, load_samples, open_hidden_data
+from eaglepipe.drafter.data import SampleRef, TrainingSample, load_samples, open_hidden_data
 from eaglepipe.drafter.export import export_drafter, write_serving_readme
 from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
@@ -47,24 +47,48 @@ LOSS_CURVE_POINTS = 20
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainSettings:
-    draft_vocab_size: int = 32000  # capped at the target vocabulary
-    ttt_length: int = 7
-    lr: float = 1e-4
-    epochs: int = 1
-    max_steps: int | None = None
-    batch_tokens: int = 4096  # padded tokens per batch
-    max_seq_len: int = 2048  # longer samples are cut
-    warmup_ratio: float = 0.05
-    grad_clip: float = 0.5
-    seed: int = 0
-    dtype: str = "float32"  # "bfloat16" on GPU: autocast over float32 master weights
-    device: str = "cpu"
-    checkpoint_every: int = 0  # steps between checkpoints (0: none)
-    batches_per_step: int = 1  # per rank: gradients accumulated over this many batches per optimizer step
-    set_weights: dict[str, float] = dataclasses.field(default_factory=dict)  # by set name; others 1.0
-    curve_points: int = 0  # drafters kept along training for the learning curve (the final one included)
+    """The `drafter` section of the config, less what cannot change the drafter (gpus, export_speculators);
+    schemas/config.schema.yaml holds the defaults."""
+
+    draft_vocab_size: int  # capped at the target vocabulary
+    ttt_length: int
+    lr: float
+    epochs: int
+    max_steps: int | None
+    batch_tokens: int  # padded tokens per batch
+    max_seq_len: int  # longer samples are cut
+    warmup_ratio: float
+    grad_clip: float = 0.5  # not a config key
+    seed: int
+    dtype: str  # "bfloat16" on GPU: autocast over float32 master weights
+    device: str
+    checkpoint_every: int  # steps between checkpoints (0: none)
+    batches_per_step: int  # per rank: gradients accumulated over this many batches per optimizer step
+    set_weights: dict[str, float]  # by set name; others 1.0
+    curve_points: int  # drafters kept along training for the learning curve (the final one included)
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any]) -> TrainSettings:
+        """From the validated config's `drafter` section (the keys the rule passes; others are ignored)."""
+        return cls(
+            draft_vocab_size=section["draft_vocab_size"],
+            ttt_length=section["ttt_length"],
+            lr=section["lr"],
+            epochs=section["epochs"],
+            max_steps=section["max_steps"],
+            batch_tokens=section["batch_tokens"],
+            max_seq_len=section["max_seq_len"],
+            warmup_ratio=section["warmup_ratio"],
+            seed=section["seed"],
+            dtype=section["dtype"],
+            device=section["device"],
+            checkpoint_every=section["checkpoint_every"],
+            batches_per_step=section["batches_per_step"],
+            set_weights=section["set_weights"],
+            curve_points=section["curve_points"],
+        )
 
     def __post_init__(self) -> None:
         positive = (
@@ -512,7 +536,7 @@ def make_batches(samples: list[SampleRef], batch_tokens: int, max_seq_len: int) 
     return batches
 
 
-def collate(samples: list[Sample], device: torch.device, key: int | None = None) -> Batch:
+def collate(samples: list[TrainingSample], device: torch.device, key: int | None = None) -> Batch:
     length = max(len(s.input_ids) for s in samples)
     first = samples[0]
     aux = torch.zeros(len(samples), length, first.aux.shape[-1])

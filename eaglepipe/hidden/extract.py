@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +47,41 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class HiddenSettings:
-    """What the stage computes and stores (all of it in the rule's params)."""
+    """What the stage computes and stores: the `hidden` section of the config (all of it in the rule's
+    params; schemas/config.schema.yaml holds the defaults) and the target's name."""
 
     target_name: str
-    backend: BackendSettings = field(default_factory=lambda: BackendSettings("hf"))
-    aux_layers: list[int] | None = None
-    dtype: str = "bfloat16"  # stored: float32 | bfloat16 | float16 | fp8
-    shard_tokens: int = 2_000_000
-    max_samples: int | None = None
-    max_tokens: int | None = None
-    seed: int = 0
-    keep_free_gb: float = 10.0
+    backend: BackendSettings
+    aux_layers: list[int] | None
+    dtype: str  # stored: float32 | bfloat16 | float16 | fp8
+    shard_tokens: int
+    max_samples: int | None
+    max_tokens: int | None
+    seed: int
+    keep_free_gb: float
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any], *, target_name: str, gpus: int) -> HiddenSettings:
+        """From the validated config's `hidden` section, the target's name and the GPUs the job got."""
+        return cls(
+            target_name=target_name,
+            backend=BackendSettings(
+                name=section["backend"],
+                device=section["device"],
+                gpus=gpus,
+                compute_dtype=compute_dtype_for(section["dtype"]),
+                batch_tokens=section["batch_tokens"],
+                engine_python=section["engine_python"],
+                engine_memory_fraction=section["memory_fraction"],
+            ),
+            aux_layers=section["aux_layers"],
+            dtype=section["dtype"],
+            shard_tokens=section["shard_tokens"],
+            max_samples=section["max_samples"],
+            max_tokens=section["max_tokens"],
+            seed=section["seed"],
+            keep_free_gb=section["keep_free_gb"],
+        )
 
 
 def compute_dtype_for(dtype: str) -> str:
@@ -277,26 +301,3 @@ def model_identity(target_dir: Path, target_name: str) -> dict[str, Any]:
     }
     weights = {p.name: p.stat().st_size for p in sorted(target_dir.glob("*.safetensors"))}
     return {"name": target_name, "files_sha256": hashed, "weight_bytes": weights}
-
-
-def hidden_settings(section: dict[str, Any], *, target_name: str, gpus: int) -> HiddenSettings:
-    """From the validated config's `hidden` section and the GPUs the job actually got."""
-    return HiddenSettings(
-        target_name=target_name,
-        backend=BackendSettings(
-            name=section["backend"],
-            device=section["device"],
-            gpus=gpus,
-            compute_dtype=compute_dtype_for(section["dtype"]),
-            batch_tokens=section["batch_tokens"],
-            engine_python=section["engine_python"],
-            engine_memory_fraction=section["memory_fraction"],
-        ),
-        aux_layers=section["aux_layers"],
-        dtype=section["dtype"],
-        shard_tokens=section["shard_tokens"],
-        max_samples=section["max_samples"],
-        max_tokens=section["max_tokens"],
-        seed=section["seed"],
-        keep_free_gb=section["keep_free_gb"],
-    )

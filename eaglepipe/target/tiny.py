@@ -359,7 +359,8 @@ def _kimi_layout_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def target_config(name: str) -> dict[str, Any]:
-    """config.json of a tiny target, in the shape its real counterpart ships."""
+    """config.json of a tiny target, in the shape its real counterpart ships. This writes the nesting
+    (`text_config` for Kimi-K2.5); `TargetArchitecture` is what reads it."""
     if name == DEEPSEEK_V3_TINY:
         return dict(TEXT_CONFIG)
     text = {k: v for k, v in TEXT_CONFIG.items() if k != "architectures"}

@@ -21,8 +21,7 @@ from safetensors.torch import save_file
 from eaglepipe.io import atomic_write, read_jsonl, write_json
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
-from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, Sample, TokensError, TokenSettings
-from eaglepipe.tokens.target import Target
+from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, RebuiltSample, TokensError, TokenSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +34,12 @@ def build_tokens(
     target_dir: Path,
     tensors_path: Path,
     stats_path: Path,
-    settings: TokenSettings | None = None,
+    settings: TokenSettings,
 ) -> dict[str, Any]:
     """Write `tokens.safetensors` and `tokens.json` for one prompt set; returns the statistics."""
-    settings = settings or TokenSettings()
-    target = Target(load_target_tokenizer(target_dir))
+    chat = load_target_tokenizer(target_dir).chat_format()
     prompts = {p["id"]: p for p in read_jsonl(prompts_path)}
-    rebuilt = Rebuilder(target, settings).rebuild(prompts, read_jsonl(responses_path), str(responses_path))
+    rebuilt = Rebuilder(chat, settings).rebuild(prompts, read_jsonl(responses_path), str(responses_path))
     kept = [s for s in rebuilt.samples if keep_reason(s, settings) is None]
     for sample in rebuilt.samples:
         if (reason := keep_reason(sample, settings)) is not None:
@@ -58,7 +56,7 @@ def build_tokens(
     return summary
 
 
-def keep_reason(sample: Sample, settings: TokenSettings) -> str | None:
+def keep_reason(sample: RebuiltSample, settings: TokenSettings) -> str | None:
     """Why the sample is dropped, or None to keep it."""
     if sample.problem is not None:
         return sample.problem
@@ -69,7 +67,7 @@ def keep_reason(sample: Sample, settings: TokenSettings) -> str | None:
     return None
 
 
-def sample_tensors(samples: list[Sample]) -> dict[str, torch.Tensor]:
+def sample_tensors(samples: list[RebuiltSample]) -> dict[str, torch.Tensor]:
     """Flat rows `prompt + completion`; the loss mask is 1 exactly on the completion (stop token included)."""
     lengths = np.array([len(s.prompt_ids) + len(s.completion_ids) for s in samples], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -121,7 +119,7 @@ def summarize(rebuilt: Rebuilt, settings: TokenSettings, num_prompts: int) -> di
     }
 
 
-def _flag_counts(samples: Iterable[Sample], all_flags: bool = False) -> dict[str, int]:
+def _flag_counts(samples: Iterable[RebuiltSample], all_flags: bool = False) -> dict[str, int]:
     mask = ~0 if all_flags else int(AMBIGUITY_FLAGS)
     return dict(sorted(Counter(name for s in samples for name in flag_names(int(s.flags) & mask)).items()))
 
@@ -130,7 +128,7 @@ def _share(part: int, whole: int) -> float | None:
     return round(part / whole, 6) if whole else None
 
 
-def _shares(samples: list[Sample], by_method: Counter[str]) -> dict[str, float | None]:
+def _shares(samples: list[RebuiltSample], by_method: Counter[str]) -> dict[str, float | None]:
     """Shares of all responses: `exact` are ids the server gave; `billed_count_matched`, those whose ids
     have exactly the billed length, however obtained."""
     total = len(samples)
@@ -147,7 +145,7 @@ def _histogram(values: Iterable[int]) -> dict[str, int]:
     return {str(k): v for k, v in sorted(Counter(values).items())}
 
 
-def _billed(samples: list[Sample], total: int) -> dict[str, Any]:
+def _billed(samples: list[RebuiltSample], total: int) -> dict[str, Any]:
     billed = sum(s.billed_completion for s in samples)  # type: ignore[misc]
     rebuilt = billed + sum(s.billed_diff for s in samples)
     as_returned = billed + sum(s.as_returned_diff for s in samples)  # type: ignore[misc]
@@ -164,7 +162,7 @@ def _billed(samples: list[Sample], total: int) -> dict[str, Any]:
     }
 
 
-def _prompt_summary(samples: list[Sample], settings: TokenSettings) -> dict[str, Any]:
+def _prompt_summary(samples: list[RebuiltSample], settings: TokenSettings) -> dict[str, Any]:
     with_bill = [s for s in samples if s.billed_prompt is not None]
     with_tools = [s for s in samples if s.prompt_diffs]
     formats = sorted({f for s in with_tools for f in s.prompt_diffs})

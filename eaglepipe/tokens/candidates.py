@@ -29,7 +29,6 @@ from eaglepipe.tokens.normalize import WHITESPACE_MODES, restore_edits, restore_
 from eaglepipe.tokens.pieces import NO_EDIT, Edit, Piece
 from eaglepipe.tokens.profile import EngineProfile
 from eaglepipe.tokens.reply import Reply, ToolCall
-from eaglepipe.tokens.target import Target
 
 KIMI_TOOL_ID = re.compile(r"functions\.[^:]+:\d+")
 KNOWN_SOURCES = ("config", "exact_ids")  # a profile field decided by these is known, not a default
@@ -88,8 +87,8 @@ class _Solved:
 class PieceCache:
     """One `Piece` per distinct text in a reply: readings share encodings."""
 
-    def __init__(self, target: Target) -> None:
-        self.encode = target.encode
+    def __init__(self, chat: ChatFormat) -> None:
+        self.encode = chat.encode
         self.pieces: dict[str, Piece] = {}
 
     def __call__(self, text: str) -> Piece:
@@ -170,9 +169,9 @@ def kimi_structures(reply: Reply, reading: str) -> list[tuple[str, bool, bool, i
 
 
 def kimi_variants(
-    reply: Reply, target: Target, profile: EngineProfile, history: int, pieces: PieceCache
+    reply: Reply, chat: ChatFormat, profile: EngineProfile, history: int, pieces: PieceCache
 ) -> list[Variant]:
-    layout = target.layout
+    layout = chat.layout
     readings = [r for r in profile.whitespace if not (r == "keep" and "strip" in profile.whitespace)]
     forced = Flag.REPLACEMENT_CHARACTER if any("\ufffd" in text for text in reply.texts) else Flag(0)
     tool_items: list[Item] = []
@@ -263,7 +262,7 @@ def _kimi_items(
 
 
 def chatml_variants(
-    reply: Reply, target: Target, profile: EngineProfile, history: int, pieces: PieceCache
+    reply: Reply, chat: ChatFormat, profile: EngineProfile, history: int, pieces: PieceCache
 ) -> list[Variant]:
     """One text, then the stop id: only whitespace at its ends can be in doubt (nothing pads it)."""
     answer, truncated = reply.content, reply.truncated
@@ -273,7 +272,7 @@ def chatml_variants(
     for reading in readings:
         slot = whitespace_slot(pieces(answer), reading, False, False)
         assert slot is not None  # only padding can refuse a text
-        items: list[Item] = [slot] if truncated else [slot, target.layout.stop]
+        items: list[Item] = [slot] if truncated else [slot, chat.layout.stop]
         variants.append(Variant(items, 0, ("answer", reading), not truncated, forced))
     return variants
 
@@ -283,7 +282,7 @@ class Shape:
     """How the token stage reads a completion of the target's chat format."""
 
     whitespace: frozenset[str]  # the engine readings (`normalize`) its text can show
-    variants: Callable[[Reply, Target, EngineProfile, int, PieceCache], list[Variant]]
+    variants: Callable[[Reply, ChatFormat, EngineProfile, int, PieceCache], list[Variant]]
 
 
 # Kimi's sections: markers an engine pads or strips around. A template's one text: nothing pads it, and

@@ -13,11 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from eaglepipe.target.chat_format import ReadBack
+from eaglepipe.target.chat_format import ChatFormat, ReadBack
 from eaglepipe.target.tokenizer import TokenizerError
 from eaglepipe.tokens.normalize import WHITESPACE_MODES, padded
 from eaglepipe.tokens.reply import Reply
-from eaglepipe.tokens.target import Target
 
 
 @dataclass(frozen=True)
@@ -34,20 +33,20 @@ class ExactIds:
     observation: Observation
 
 
-def ids_from_bytes(target: Target, pieces: Sequence[bytes]) -> list[int] | None:
+def ids_from_bytes(chat: ChatFormat, pieces: Sequence[bytes]) -> list[int] | None:
     """Each logprob entry's bytes as its id; None when a piece is no token or names two."""
-    table = _bytes_table(target)
+    table = _bytes_table(chat)
     ids = [table.get(piece, -1) for piece in pieces] if table else [-1]
     return None if -1 in ids else ids
 
 
 @cache
-def _bytes_table(target: Target) -> dict[bytes, int]:
+def _bytes_table(chat: ChatFormat) -> dict[bytes, int]:
     """bytes -> id over the vocabulary; bytes shared by two ids map to -1 (no answer)."""
     table: dict[bytes, int] = {}
     try:
-        for token_id in range(target.vocab_size):
-            raw = target.tokenizer.token_bytes(token_id)
+        for token_id in range(chat.tokenizer.vocab_size):
+            raw = chat.tokenizer.token_bytes(token_id)
             table[raw] = -1 if raw in table else token_id
     except TokenizerError:
         return {}
@@ -55,14 +54,14 @@ def _bytes_table(target: Target) -> dict[bytes, int]:
 
 
 def exact_completion(
-    target: Target, reply: Reply, ids: Sequence[int], history: int, whitespace: frozenset[str]
+    chat: ChatFormat, reply: Reply, ids: Sequence[int], history: int, whitespace: frozenset[str]
 ) -> ExactIds | None:
     """The ids as the sample's completion when they agree with the reply's text under one of the engine
     readings in `whitespace` (those the format's text can show), else None."""
     ids = list(ids)
-    if ids and ids[-1] == target.layout.stop:  # some servers include the stop token
+    if ids and ids[-1] == chat.layout.stop:  # some servers include the stop token
         ids.pop()
-    read = target.format.read_completion(ids, thinking=reply.thinking, truncated=reply.truncated)
+    read = chat.read_completion(ids, thinking=reply.thinking, truncated=reply.truncated)
     if read is None:
         return None
     observation = _compare(reply, read, history, whitespace)
@@ -74,7 +73,7 @@ def exact_completion(
     observation = Observation(
         observation.whitespace, stop_billed, observation.renumbered, observation.trimmed
     )
-    return ExactIds(ids if reply.truncated else [*ids, target.layout.stop], observation)
+    return ExactIds(ids if reply.truncated else [*ids, chat.layout.stop], observation)
 
 
 def _compare(reply: Reply, read: ReadBack, history: int, whitespace: frozenset[str]) -> Observation | None:

@@ -19,23 +19,30 @@ from pathlib import Path
 from typing import Any
 
 from eaglepipe.target.tokenizer import load_target_tokenizer
-from eaglepipe.tokens.rebuild import Rebuilder
+from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
 from eaglepipe.tokens.reply import parse_reply
-from eaglepipe.tokens.target import Target
 from eaglepipe.tokens.validate import marker_text_problem
 
 log = logging.getLogger(__name__)
+
+# The probe's own settings, not the config's (generation does not read the `tokens` section): no provider
+# pins, since each answer is rebuilt alone, and the tokenizer's own tool declarations first (the other
+# format is still tried where only it renders). The keep/drop choices are unused: the probe reads only
+# the sample's problem.
+PROBE_SETTINGS = TokenSettings(
+    on_mismatch="keep", on_ambiguous="keep", tool_format="typescript", providers={}
+)
 
 
 def usability_probe(target_dir: Path) -> Callable[[dict[str, Any], dict[str, Any]], str | None] | None:
     """`probe(prompt, record)`: why the journaled answer cannot be trained on, or None. None (and a warning)
     when the target's tokenizer is not at `target_dir`, e.g. on a login node without the weights."""
     try:
-        target = Target(load_target_tokenizer(target_dir))
+        chat = load_target_tokenizer(target_dir).chat_format()
     except (OSError, ValueError) as err:
         log.warning("no usability probe: the target's tokenizer at %s cannot be loaded (%s)", target_dir, err)
         return None
-    rebuilder = Rebuilder(target)
+    rebuilder = Rebuilder(chat, PROBE_SETTINGS)
 
     def problem(prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
         try:
@@ -46,6 +53,6 @@ def usability_probe(target_dir: Path) -> Callable[[dict[str, Any], dict[str, Any
         if sample.problem:
             return sample.problem
         excess = None if sample.billed_completion is None else sample.billed_diff
-        return marker_text_problem(target, parse_reply(record, "usability probe").texts, excess=excess)
+        return marker_text_problem(chat, parse_reply(record, "usability probe").texts, excess=excess)
 
     return problem

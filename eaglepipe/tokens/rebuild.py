@@ -7,10 +7,11 @@ Two passes. The first reads every reply, checks any exact ids it carries and gat
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_tools import ToolFormat
 from eaglepipe.target.segments import RenderError, Special
@@ -21,7 +22,6 @@ from eaglepipe.tokens.normalize import unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT
 from eaglepipe.tokens.profile import EngineProfile, Evidence, ProviderPin, decide_profile
 from eaglepipe.tokens.reply import Reply, parse_reply
-from eaglepipe.tokens.target import Target
 from eaglepipe.tokens.validate import structure_problem
 
 # Replies each bills probe (stop billing, reasoning end) reads per provider; readings that fit the bill.
@@ -37,26 +37,28 @@ class TokensError(ValueError):
 
 @dataclass(frozen=True)
 class TokenSettings:
-    on_mismatch: str = "drop"
-    on_ambiguous: str = "keep"
-    tool_format: ToolFormat = "typescript"
-    providers: dict[str, ProviderPin] = field(default_factory=dict)
+    """The `tokens` section of the config (schemas/config.schema.yaml holds the defaults)."""
+
+    on_mismatch: str
+    on_ambiguous: str
+    tool_format: ToolFormat
+    providers: dict[str, ProviderPin]
 
     @classmethod
-    def from_config(cls, section: dict[str, Any]) -> TokenSettings:
-        providers = {
-            name: ProviderPin.from_config(entry) for name, entry in (section.get("providers") or {}).items()
-        }
+    def from_section(cls, section: dict[str, Any]) -> TokenSettings:
+        """From the validated config's `tokens` section."""
         return cls(
-            section.get("on_mismatch", "drop"),
-            section.get("on_ambiguous", "keep"),
-            section.get("tool_format", "typescript"),
-            providers,
+            on_mismatch=section["on_mismatch"],
+            on_ambiguous=section["on_ambiguous"],
+            tool_format=section["tool_format"],
+            providers={name: ProviderPin.from_config(entry) for name, entry in section["providers"].items()},
         )
 
 
 @dataclass
-class Sample:
+class RebuiltSample:
+    """One reply as the token stage rebuilt it: ids, how they were obtained, and what is in doubt."""
+
     prompt_id: str
     provider: str
     prompt_ids: list[int]
@@ -73,7 +75,7 @@ class Sample:
 
 @dataclass
 class Rebuilt:
-    samples: list[Sample]
+    samples: list[RebuiltSample]
     profiles: dict[str, EngineProfile]
     evidence: dict[str, Evidence]
 
@@ -95,10 +97,10 @@ class _Pending:
 
 
 class Rebuilder:
-    def __init__(self, target: Target, settings: TokenSettings | None = None) -> None:
-        self.target = target
-        self.settings = settings or TokenSettings()
-        self.shape = shape_of(target.format)
+    def __init__(self, chat: ChatFormat, settings: TokenSettings) -> None:
+        self.chat = chat
+        self.settings = settings
+        self.shape = shape_of(chat)
 
     def rebuild(
         self, prompts: dict[str, dict[str, Any]], records: Iterable[dict[str, Any]], where: str
@@ -131,7 +133,7 @@ class Rebuilder:
         ][:PROBE_REPLIES]
         fits = {billed: 0 for billed in (True, False)}
         for item in probe:
-            item.pieces = PieceCache(self.target)
+            item.pieces = PieceCache(self.chat)
             variants = self._variants(item, profile, item.pieces)
             for billed in fits:
                 fits[billed] += select(variants, item.reply.billed_completion, billed).method in FITTING
@@ -147,9 +149,8 @@ class Rebuilder:
         engine's text misses the bill on every reply whose reasoning ended in whitespace, and putting it
         back fits; an engine that keeps the text misses only where the model split a token as BPE would
         not, which a restored whitespace token can also "fit". So `rstrip` is taken when the restoration
-        alone fits at least `RSTRIP_RESCUED` of the probed replies: 22-23% on vLLM's own text of the
-        synthetic corpus, 8% on text kept as generated, whose splits (20% of its samples) are far more
-        frequent than in real answers (docs/tokens.md)."""
+        alone fits at least `RSTRIP_RESCUED` of the probed replies (docs/tokens.md: the shares measured
+        on both kinds of text)."""
         probe = [
             item
             for item in items
@@ -161,7 +162,7 @@ class Rebuilder:
         stripping = replace(profile, whitespace=("rstrip",))
         rescued = 0
         for item in probe:
-            pieces = item.pieces = item.pieces or PieceCache(self.target)
+            pieces = item.pieces = item.pieces or PieceCache(self.chat)
             billed = item.reply.billed_completion
             if select(self._variants(item, profile, pieces), billed, profile.stop_billed).method in FITTING:
                 continue
@@ -172,7 +173,7 @@ class Rebuilder:
         return profile
 
     def _variants(self, item: _Pending, profile: EngineProfile, pieces: PieceCache) -> list[Variant]:
-        return self.shape.variants(item.reply, self.target, profile, item.history, pieces)
+        return self.shape.variants(item.reply, self.chat, profile, item.history, pieces)
 
     def _select(
         self, item: _Pending, profile: EngineProfile, pieces: PieceCache, billed: int | None
@@ -210,11 +211,11 @@ class Rebuilder:
                 continue
             # Bytes that name no token are refused too: vLLM sends a token that is part of a character
             # as what decoding it alone made of it (empty, or U+FFFD), not its own bytes.
-            ids = sent if kind is Method.SERVER_IDS else ids_from_bytes(self.target, sent)
+            ids = sent if kind is Method.SERVER_IDS else ids_from_bytes(self.chat, sent)
             exact = (
                 None
                 if ids is None
-                else exact_completion(self.target, reply, ids, history, self.shape.whitespace)
+                else exact_completion(self.chat, reply, ids, history, self.shape.whitespace)
             )
             if exact is not None:
                 return _Pending(prompt, reply, history, exact, kind, False)
@@ -225,7 +226,7 @@ class Rebuilder:
         """The reply in the parts the target generated: a template's answer is one text (tool calls
         rendered into it) and cannot reason; Kimi's parts are the reply's own."""
         calls = record["response"].get("tool_calls") or None
-        text = self.target.format.one_text_answer(reply.content, calls)
+        text = self.chat.one_text_answer(reply.content, calls)
         if text is None:
             return reply
         if reply.reasoning:
@@ -257,10 +258,10 @@ class Rebuilder:
             if value is not None:
                 votes[value] += 1
 
-    def _sample(self, item: _Pending, profile: EngineProfile, where: str) -> Sample:
-        reply, target = item.reply, self.target
+    def _sample(self, item: _Pending, profile: EngineProfile, where: str) -> RebuiltSample:
+        reply, chat = item.reply, self.chat
         prompt_ids, prompt_diffs, prompt_flags = self._prompt(item, where)
-        pieces, item.pieces = item.pieces or PieceCache(target), None
+        pieces, item.pieces = item.pieces or PieceCache(chat), None
         flags = prompt_flags | (Flag.TRUNCATED if reply.truncated else Flag(0))
         flags |= Flag.SERVER_IDS_REJECTED if item.rejected else Flag(0)
         billed = reply.billed_completion
@@ -274,11 +275,11 @@ class Rebuilder:
             flags |= chosen.flags
         as_returned = self._as_returned_length(reply, pieces) - stop_unbilled
         problem = structure_problem(
-            target, prompt_ids, ids, truncated=reply.truncated, thinking=reply.thinking
+            chat, prompt_ids, ids, truncated=reply.truncated, thinking=reply.thinking
         )
         if problem is None and reply.thinking and not reply.reasoning and reply.reasoning_tokens:
             problem = "reasoning_not_returned"
-        return Sample(
+        return RebuiltSample(
             reply.prompt_id,
             reply.provider,
             prompt_ids,
@@ -299,7 +300,7 @@ class Rebuilder:
         prompt, reply = item.prompt, item.reply
         tools = prompt.get("tools")
         configured = self.settings.tool_format
-        chat_format = self.target.format
+        chat_format = self.chat
         others = [f for f in chat_format.tool_formats if f != configured] if tools else []
         ids, used, failures = None, configured, []
         for used in (configured, *others):
@@ -326,7 +327,7 @@ class Rebuilder:
         return ids, {chat_format.tool_format_name(f): length - billed for f, length in lengths.items()}, flags
 
     def _render(self, prompt: dict[str, Any], reply: Reply, tool_format: ToolFormat) -> list[int]:
-        return self.target.prompt_ids(
+        return self.chat.prompt_ids(
             prompt["messages"], prompt.get("tools"), thinking=reply.thinking, tool_format=tool_format
         )
 
@@ -335,7 +336,7 @@ class Rebuilder:
         calls = [
             {"id": c.id, "function": {"name": c.name, "arguments": c.arguments}} for c in reply.tool_calls
         ]
-        segments = self.target.format.completion_segments(
+        segments = self.chat.completion_segments(
             reasoning=reply.reasoning,
             content=reply.content,
             tool_calls=calls,

@@ -32,13 +32,15 @@ class CapturedStates:
 
 @dataclass(frozen=True)
 class BackendSettings:
+    """How the states are computed (`HiddenSettings.from_section` builds it from the `hidden` section)."""
+
     name: str  # hf | sglang | vllm
-    device: str = "cpu"  # hf: cpu, cuda or auto (spread over all GPUs)
-    gpus: int = 0  # GPUs the job was given: the engines' tensor-parallel size
-    compute_dtype: str = "bfloat16"
-    batch_tokens: int = 32768
-    engine_python: str | None = None  # vllm: the interpreter of the environment vLLM is installed in
-    engine_memory_fraction: float = 0.85
+    device: str  # hf: cpu, cuda or auto (spread over all GPUs)
+    gpus: int  # GPUs the job was given: the engines' tensor-parallel size
+    compute_dtype: str
+    batch_tokens: int
+    engine_python: str | None  # vllm: the interpreter of the environment vLLM is installed in
+    engine_memory_fraction: float
 
 
 # For the manifest: which physical tensors each backend captures, and how `final` ends up after the norm.

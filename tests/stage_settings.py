@@ -1,0 +1,65 @@
+"""Stage settings for tests, built the pipeline's way: a minimal config validated against the schema (which
+fills every default), its section overridden where a test says so, then the stage's `from_section`."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from eaglepipe.config import validate_config
+from eaglepipe.drafter.evaluate import EvalSettings
+from eaglepipe.drafter.train import TrainSettings
+from eaglepipe.hidden.extract import HiddenSettings
+from eaglepipe.tokens.profile import ProviderPin
+from eaglepipe.tokens.rebuild import TokenSettings
+
+SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+MINIMAL_CONFIG = {
+    "datasets": ["demo"],
+    "sources": {"demo": {"type": "jsonl", "path": "demo.jsonl"}},
+    "target": {"name": "test-target", "path": "target"},
+    "api": {"model": "test-model"},
+}
+
+# The schema's defaults are a GPU run's; the CPU tests train and evaluate smaller and in float32, as they did
+# before their settings came from the schema.
+CPU_TRAINING = {
+    "device": "cpu",
+    "dtype": "float32",
+    "epochs": 1,
+    "batch_tokens": 4096,
+    "max_seq_len": 2048,
+    "warmup_ratio": 0.05,
+    "checkpoint_every": 0,
+}
+CPU_EVALUATION = {"device": "cpu", "dtype": "float32", "max_new_tokens": 128}
+CPU_HIDDEN = {"device": "cpu"}
+
+
+def section(name: str, **overrides: Any) -> dict[str, Any]:
+    """The validated config's `name` section, defaults filled, with `overrides` (validated too)."""
+    config = copy.deepcopy(MINIMAL_CONFIG)
+    config[name] = overrides
+    return validate_config(config, SCHEMA)[name]
+
+
+def token_settings(*, pins: dict[str, ProviderPin] | None = None, **overrides: Any) -> TokenSettings:
+    """`pins`: providers' pins as objects, in place of the section's `providers`."""
+    settings = TokenSettings.from_section(section("tokens", **overrides))
+    return settings if pins is None else dataclasses.replace(settings, providers=pins)
+
+
+def hidden_settings(*, target_name: str = "smollm2", gpus: int = 0, **overrides: Any) -> HiddenSettings:
+    return HiddenSettings.from_section(
+        section("hidden", **{**CPU_HIDDEN, **overrides}), target_name=target_name, gpus=gpus
+    )
+
+
+def train_settings(**overrides: Any) -> TrainSettings:
+    return TrainSettings.from_section(section("drafter", **{**CPU_TRAINING, **overrides}))
+
+
+def eval_settings(**overrides: Any) -> EvalSettings:
+    return EvalSettings.from_section(section("eval", **{**CPU_EVALUATION, **overrides}))
