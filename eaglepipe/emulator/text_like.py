@@ -1,7 +1,7 @@
 """What serving engines make of a completion's ids: the text, reasoning and tool calls they return.
 
 Providers hand back text, not ids, and the text is not quite what the model generated. What vLLM 0.32 and
-SGLang 0.5.14 do was read from their own code (`eaglepipe/tokens/engines`, docs/tokens.md): vLLM's Kimi
+SGLang 0.5.14 do was read from their own code (`tests/support/engines`, docs/tokens.md): vLLM's Kimi
 parser strips the reasoning's end, drops content that is only whitespace before a tool section and trims
 arguments (`vllm`); SGLang's renumbers tool-call ids after the conversation's earlier calls (non-streamed:
 plus the model's own number) and trims arguments (`sglang`). Two habits of other set-ups stay as switches:
