@@ -17,8 +17,8 @@ import anyio
 import httpx
 import pytest
 import yaml
+from support.api_schemas import validate
 
-from eaglepipe.emulator.api_schemas import validate
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.client import (
     GenerationSettings,
