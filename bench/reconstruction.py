@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from eaglepipe.emulator.kimi_synthetic import kimi_corpus, reply_record
-from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, pin_for
+from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch
 from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.tokenizer import load_target_tokenizer
@@ -31,6 +31,9 @@ from eaglepipe.tokens.rebuild import Rebuilder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from stage_settings import token_settings  # noqa: E402  (the schema's defaults, as the tests build them)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' `support` package
+from support.pins import pin_for  # noqa: E402
 
 SEEDS_TOKENS = 60_000_000
 THROUGHPUT_SWITCHES = ("exact", "vllm", "sglang", "vllm_ids")

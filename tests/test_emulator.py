@@ -8,8 +8,8 @@ import os
 
 import httpx
 import pytest
+from support.api_schemas import validate, validate_error
 
-from eaglepipe.emulator.api_schemas import validate, validate_error
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.target.chat import render_prompt_ids

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.api_schemas import validate, validate_error
 
-from eaglepipe.emulator.api_schemas import validate, validate_error
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.faults import load_faults
 from eaglepipe.emulator.runner import running_emulator

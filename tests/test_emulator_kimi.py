@@ -19,9 +19,9 @@ import httpx
 import pytest
 import yaml
 from stage_settings import token_settings
+from support.api_schemas import validate
 
 from eaglepipe.emulator.__main__ import main, parse_args
-from eaglepipe.emulator.api_schemas import validate
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.kimi_mode import KimiCorpus
 from eaglepipe.emulator.kimi_synthetic import LITERAL_SPECIALS, TrueSample, kimi_corpus

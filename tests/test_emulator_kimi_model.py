@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from support.api_schemas import validate
 from test_emulator_kimi import HABITS, endpoints_config
 
-from eaglepipe.emulator.api_schemas import validate
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text_like import SWITCHES, engine_reply
 from eaglepipe.openrouter.replies import read_reply, read_streamed_reply

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.api_schemas import validate, validate_error
 
 from eaglepipe.emulator.__main__ import parse_args
-from eaglepipe.emulator.api_schemas import validate, validate_error
 from eaglepipe.emulator.runner import running_emulator
 
 MODEL_ID = "local/smollm2-135m-instruct"

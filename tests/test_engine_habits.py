@@ -1,5 +1,5 @@
 """The token stage against the engines' own code: the synthetic Kimi corpus's true ids through vLLM's
-detokenizer and Kimi parsers and SGLang's detokenizer and Kimi parsers (eaglepipe/tokens/engines), streamed
+detokenizer and Kimi parsers and SGLang's detokenizer and Kimi parsers (tests/support/engines), streamed
 and not, then rebuilt from the text they return, the ids vLLM returns, or vLLM's logprob entries."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import re
 
 import pytest
 from stage_settings import token_settings
+from support.engines.corpus import MODES, engine_corpus, engine_record
 
 from eaglepipe.emulator.kimi_synthetic import TrueSample, bytes_of_characters, kimi_corpus
 from eaglepipe.emulator.text_like import SWITCHES, engine_reply
-from eaglepipe.tokens.engines.corpus import MODES, engine_corpus, engine_record
 from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
 from eaglepipe.tokens.profile import ProviderPin
 from eaglepipe.tokens.rebuild import Rebuilder

@@ -18,8 +18,8 @@ import httpx
 import pytest
 import yaml
 from generation_defaults import generation_settings
+from support.api_schemas import validate
 
-from eaglepipe.emulator.api_schemas import validate
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.client import (
     GenerationSummary,

@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from support.segments import segments_text
 
 from eaglepipe.target import chatml, kimi_chat
 from eaglepipe.target.chat import normalize_messages, render_prompt_ids
@@ -13,7 +14,7 @@ from eaglepipe.target.kimi_chat import KimiChatError, completion_segments, promp
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.kimi_tokenizer import KimiTokenizer
 from eaglepipe.target.kimi_tools import ToolDeclarationError, declare_tools
-from eaglepipe.target.segments import Special, Text, encode_segments, segments_text
+from eaglepipe.target.segments import Special, Text, encode_segments
 from eaglepipe.target.tokenizer import load_target_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}

@@ -1,4 +1,5 @@
-"""The HTTP side: OpenRouter's paths under /api/v1, answered from the engine and the endpoint table.
+"""The HTTP side: OpenRouter's paths under /api/v1, answered from the engine, the endpoint table and the
+account (account.py: key, limits, charges, generation records).
 
 Model mode and synthetic mode share every line here; only the engine and the text side differ
 (backend.py). Beyond OpenRouter's API, `/api/v1/emulator/` reports what the server saw (`GET stats`:
@@ -11,13 +12,11 @@ extension); non-streamed answers carry them once.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
-import math
 import os
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from eaglepipe.emulator.account import Account
 from eaglepipe.emulator.backend import (
     EngineError,
     GeneratedToken,
@@ -50,7 +50,6 @@ from eaglepipe.target.kimi_chat import tool_history
 
 log = logging.getLogger(__name__)
 
-KEPT_GENERATIONS = 200_000  # `/generation` answers for this many recent ids; older ones are forgotten
 PROCESSING = ": OPENROUTER PROCESSING\n\n"
 KEEPALIVE_EVERY_S = 1.0  # a stalled stream sends PROCESSING this often, as OpenRouter does while it waits
 DONE = "data: [DONE]\n\n"
@@ -67,102 +66,15 @@ def hide_injected_resets(record: logging.LogRecord) -> bool:
 
 
 @dataclass
-class Ledger:
-    """What the server has been asked and charged; all of it lives on the event loop's thread."""
+class Traffic:
+    """What the server has been asked and how it answered (the account keeps what was charged); all of it
+    lives on the event loop's thread."""
 
-    credit_limit: float | None = None
-    generation_delay_s: float = 0.0
-    # OpenRouter's in-flight spending budget: the reserved worst case (prompt + max_tokens at the endpoint's
-    # price) of the requests running now may not pass it.
-    in_flight_budget: float | None = None
-    # The key's own limit: spent, it answers 403 openrouter_key_limit (the account's credit answers 402).
-    key_limit: float | None = None
-    reserved_usd: float = 0.0
     requests_received: int = 0
-    requests_billed: int = 0
     responses_completed: int = 0
     in_flight: int = 0
-    usd_charged: float = 0.0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
     errors: Counter[int] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
-    # id -> (monotonic time from which `/generation` shows it, its record, its `/generation/content` data
-    # or None where the account stores no content)
-    generations: OrderedDict[str, tuple[float, dict[str, Any], dict[str, Any] | None]] = field(
-        default_factory=OrderedDict
-    )
-
-    def check_credit(self) -> None:
-        if self.credit_limit is not None and self.usd_charged >= self.credit_limit:
-            raise ApiError(
-                402,
-                f"Key limit exceeded: ${self.usd_charged:.6f} used of a ${self.credit_limit:g} "
-                "limit; raise the key's limit to continue",
-                "payment_required",
-            )
-
-    def check_key_limit(self) -> None:
-        if self.key_limit is not None and self.usd_charged >= self.key_limit:
-            raise ApiError(
-                403,
-                "Key limit exceeded",
-                "forbidden",
-                limit_source="openrouter_key_limit",
-                limit_usd=self.key_limit,
-                spend_usd=round(self.usd_charged, 6),
-                resets_at=None,
-            )
-
-    def reserve(self, usd: float, max_tokens: int) -> float:
-        """Hold `usd` against the in-flight budget while the request runs; 402 when it does not fit."""
-        budget = self.in_flight_budget
-        if budget is not None and usd > budget:
-            affordable = int(max_tokens * budget / usd)
-            raise ApiError(
-                402,
-                "This request requires more credits, or fewer max_tokens. You requested up to "
-                f"{max_tokens} tokens, but can only afford {affordable}.",
-                "payment_required",
-                limit_source="openrouter_credits",
-                reason="weight_exceeds_budget",
-            )
-        if budget is not None and self.reserved_usd + usd > budget:
-            raise ApiError(
-                402,
-                f"In-flight budget reached: ${self.reserved_usd:.4f} of ${budget:g} is reserved by requests "
-                "in flight; retry after the time given",
-                "payment_required",
-                retry_after_s=1.0,
-                limit_source="openrouter_in_flight_budget",
-            )
-        self.reserved_usd += usd
-        return usd
-
-    def release(self, usd: float) -> None:
-        self.reserved_usd = max(0.0, self.reserved_usd - usd)
-
-    def record(self, completion: Completion, content: dict[str, Any] | None = None) -> None:
-        if completion.billed:
-            self.requests_billed += 1
-            self.usd_charged += completion.costs()[2]
-            self.prompt_tokens += completion.prompt_tokens
-            self.completion_tokens += completion.completion_tokens
-        self.responses_completed += completion.complete
-        visible_from = time.monotonic() + self.generation_delay_s
-        self.generations[completion.id] = (visible_from, completion.generation_record(), content)
-        while len(self.generations) > KEPT_GENERATIONS:
-            self.generations.popitem(last=False)
-
-    def generation(self, generation_id: str) -> dict[str, Any] | None:
-        """The record, once `generation_delay_s` has passed since the generation ended (as on OpenRouter)."""
-        visible_from, record, _ = self.generations.get(generation_id, (math.inf, {}, None))
-        return record if time.monotonic() >= visible_from else None
-
-    def content(self, generation_id: str) -> dict[str, Any] | None:
-        """The stored prompt and answer text, visible when the record is; None where none is stored."""
-        visible_from, _, content = self.generations.get(generation_id, (math.inf, {}, None))
-        return content if time.monotonic() >= visible_from else None
 
 
 @dataclass(eq=False)
@@ -227,19 +139,14 @@ def _injected_failure() -> ApiError:
     return ApiError(502, "Provider returned an error mid-answer (emulator fault injection)", "upstream")
 
 
-def _is_usd_limit(value: Any) -> bool:
-    return value is None or (
-        isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
-    )
-
-
 def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
 
 class Emulator:
-    """One served model: its endpoint table, engine, text side, billing, faults and (optional) key.
-    `replies` shapes answers (default: plain text decoded by `text`; Kimi mode: per-endpoint habits)."""
+    """One served model's routes: its endpoint table, engine, text side and faults, over an `Account`
+    (key, limits, billing) and the server's `Traffic`. `replies` shapes answers (default: plain text
+    decoded by `text`; Kimi mode: per-endpoint habits)."""
 
     def __init__(
         self,
@@ -265,34 +172,23 @@ class Emulator:
         self.endpoints = list(endpoints)
         self.model_id = model_id
         self.context_length = context_length
-        self.api_key = api_key
         self.faults = faults or FaultPlan()
         self.tokens_per_event = tokens_per_event
-        # The account keeps prompts and answers: `/generation/content` serves them (else 404).
-        self.store_content = store_content
-        self.ledger = Ledger(
+        self.account = Account(
+            api_key=api_key,
             credit_limit=credit_limit,
             key_limit=key_limit,
             in_flight_budget=in_flight_budget,
             generation_delay_s=generation_delay_s,
+            store_content=store_content,
         )
+        self.traffic = Traffic()
         self.started_at = int(time.time())
         self.started = time.monotonic()
         self._running_out: set[asyncio.Task[None]] = set()
 
     def _authorize(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        header = request.headers.get("authorization")
-        if not header:
-            raise ApiError(401, "Missing Authentication header", "authentication")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), self.api_key.encode()
-        ):
-            raise ApiError(
-                401, "Invalid API key: it differs from the one this emulator requires", "authentication"
-            )
+        self.account.authorize(request.headers.get("authorization"))
 
     # --- catalogue -------------------------------------------------------------------------------
 
@@ -354,7 +250,7 @@ class Emulator:
         """A `status`/`burst` rule on an accounting route answers in place of the route."""
         fault = self.faults.draw(time.monotonic() - self.started, route)
         if fault is not NO_FAULT:
-            self.ledger.faults[f"{fault.kind}@{route}"] += 1
+            self.traffic.faults[f"{fault.kind}@{route}"] += 1
             raise fault.api_error()
 
     async def key(self, request: Request) -> Response:
@@ -363,43 +259,13 @@ class Emulator:
             self._account_fault("key")
         except ApiError as exc:
             return _error(exc)
-        used = self.ledger.usd_charged
-        limit = self.ledger.key_limit if self.ledger.key_limit is not None else self.ledger.credit_limit
-        return JSONResponse(
-            {
-                "data": {
-                    "label": "emulator",
-                    "limit": limit,
-                    "limit_remaining": None if limit is None else max(0.0, limit - used),
-                    "limit_reset": None,
-                    "include_byok_in_limit": False,
-                    "usage": used,
-                    "usage_daily": used,
-                    "usage_weekly": used,
-                    "usage_monthly": used,
-                    "byok_usage": 0.0,
-                    "byok_usage_daily": 0.0,
-                    "byok_usage_weekly": 0.0,
-                    "byok_usage_monthly": 0.0,
-                    "is_free_tier": False,
-                    "is_management_key": False,
-                    "is_provisioning_key": False,
-                    "creator_user_id": None,
-                    "expires_at": None,
-                    "rate_limit": {
-                        "requests": -1,
-                        "interval": "10s",
-                        "note": "This field is deprecated and safe to ignore.",
-                    },
-                }
-            }
-        )
+        return JSONResponse({"data": self.account.key_data()})
 
     async def generation(self, request: Request) -> Response:
         try:
             self._authorize(request)
             self._account_fault("generation")
-            record = self.ledger.generation(request.query_params.get("id", ""))
+            record = self.account.generation(request.query_params.get("id", ""))
             if record is None:
                 raise ApiError(404, f"Generation {request.query_params.get('id')!r} not found", "not_found")
         except ApiError as exc:
@@ -411,7 +277,7 @@ class Emulator:
         try:
             self._authorize(request)
             self._account_fault("generation")
-            content = self.ledger.content(request.query_params.get("id", ""))
+            content = self.account.content(request.query_params.get("id", ""))
             if content is None:
                 raise ApiError(404, f"No content for {request.query_params.get('id')!r}", "not_found")
         except ApiError as exc:
@@ -421,23 +287,23 @@ class Emulator:
     # --- the emulator's own paths ----------------------------------------------------------------
 
     async def stats(self, request: Request) -> Response:
-        ledger, engine = self.ledger, self.engine
+        traffic, account, engine = self.traffic, self.account, self.engine
         return JSONResponse(
             {
                 "pid": os.getpid(),
-                "requests_received": ledger.requests_received,
-                "requests_billed": ledger.requests_billed,
-                "responses_completed": ledger.responses_completed,
-                "in_flight": ledger.in_flight,
-                "usd_charged": ledger.usd_charged,
-                "credit_limit": ledger.credit_limit,
-                "key_limit": ledger.key_limit,
-                "in_flight_budget": ledger.in_flight_budget,
-                "reserved_usd": ledger.reserved_usd,
-                "prompt_tokens": ledger.prompt_tokens,
-                "completion_tokens": ledger.completion_tokens,
-                "errors": {str(status): n for status, n in sorted(ledger.errors.items())},
-                "faults": dict(sorted(ledger.faults.items())),
+                "requests_received": traffic.requests_received,
+                "requests_billed": account.requests_billed,
+                "responses_completed": traffic.responses_completed,
+                "in_flight": traffic.in_flight,
+                "usd_charged": account.usd_charged,
+                "credit_limit": account.credit_limit,
+                "key_limit": account.key_limit,
+                "in_flight_budget": account.in_flight_budget,
+                "reserved_usd": account.reserved_usd,
+                "prompt_tokens": account.prompt_tokens,
+                "completion_tokens": account.completion_tokens,
+                "errors": {str(status): n for status, n in sorted(traffic.errors.items())},
+                "faults": dict(sorted(traffic.faults.items())),
                 "batches": engine.batches,
                 "batched_sequences": engine.sequences,
                 "largest_batch": engine.largest_batch,
@@ -452,33 +318,10 @@ class Emulator:
             body = await request.json()
         except ValueError:
             body = None
-        limits = ("limit", "key_limit", "in_flight_budget")
-        if not (
-            isinstance(body, dict)
-            and body
-            and set(body) <= set(limits)
-            and all(_is_usd_limit(value) for value in body.values())
-        ):
-            return _error(
-                ApiError(
-                    400,
-                    'send {"limit": USD} (or "key_limit", "in_flight_budget") with a non-negative number, '
-                    "or null for no limit",
-                    "invalid_request",
-                )
-            )
-        ledger = self.ledger
-        for name, value in body.items():
-            field_name = "credit_limit" if name == "limit" else name
-            setattr(ledger, field_name, None if value is None else float(value))
-        return JSONResponse(
-            {
-                "limit": ledger.credit_limit,
-                "key_limit": ledger.key_limit,
-                "in_flight_budget": ledger.in_flight_budget,
-                "usage": ledger.usd_charged,
-            }
-        )
+        try:
+            return JSONResponse(self.account.set_limits(body))
+        except ApiError as exc:
+            return _error(exc)
 
     # --- completions -----------------------------------------------------------------------------
 
@@ -495,8 +338,8 @@ class Emulator:
                 f"{chat.model} is not a valid model ID (this emulator serves {self.model_id})",
                 "invalid_request",
             )
-        self.ledger.check_credit()
-        self.ledger.check_key_limit()
+        self.account.check_credit()
+        self.account.check_key_limit()
         try:
             prompt_ids = self.text.prompt_ids(chat.messages, chat.tools, thinking=chat.thinking)
         except ApiError:  # the text side's own answer (Kimi mode: a conversation it has no answer for)
@@ -548,22 +391,22 @@ class Emulator:
                 return NO_FAULT, endpoint
             endpoint = stray
         if fault is not NO_FAULT:
-            self.ledger.faults[fault.kind] += 1
+            self.traffic.faults[fault.kind] += 1
         return fault, endpoint
 
     async def chat_completions(self, request: Request) -> Response:
-        ledger = self.ledger
-        ledger.requests_received += 1
-        ledger.in_flight += 1
+        traffic = self.traffic
+        traffic.requests_received += 1
+        traffic.in_flight += 1
         response: Response | None = None
         try:
             response = await self._respond(request)
         except ApiError as exc:
-            ledger.errors[exc.status] += 1
+            traffic.errors[exc.status] += 1
             response = _error(exc)
         finally:
             if not isinstance(response, _EventStream):  # a stream leaves the count when it closes
-                ledger.in_flight -= 1
+                traffic.in_flight -= 1
         return response
 
     async def _respond(self, request: Request) -> Response:
@@ -575,17 +418,17 @@ class Emulator:
             len(generation.prompt_ids) * endpoint.price("prompt")
             + generation.max_tokens * endpoint.price("completion")
         )
-        reserved = self.ledger.reserve(worst_case, generation.max_tokens)
+        reserved = self.account.reserve(worst_case, generation.max_tokens)
         try:
             response = await self._answer(chat, endpoint, generation, fault)
         except BaseException:
-            self.ledger.release(reserved)
+            self.account.release(reserved)
             raise
         if isinstance(response, _EventStream):  # the reservation lasts until the stream closes
             close = response.on_close
-            response.on_close = lambda: (close(), self.ledger.release(reserved))
+            response.on_close = lambda: (close(), self.account.release(reserved))
         else:
-            self.ledger.release(reserved)
+            self.account.release(reserved)
         return response
 
     async def _answer(
@@ -635,7 +478,7 @@ class Emulator:
     def _error_answer(self, chat: ChatRequest, completion: Completion, headers: dict[str, str]) -> Response:
         """An HTTP 200 that carries a provider's error instead of an answer; nothing is billed."""
         error = _injected_failure()
-        self.ledger.errors[error.status] += 1
+        self.traffic.errors[error.status] += 1
         completion.failed = True
         if chat.stream:
             return _sse_answer([completion.error_chunk(error.body()["error"])], headers)
@@ -646,7 +489,8 @@ class Emulator:
         completion.cancelled = client_left or not (completion.complete or completion.failed)
         completion.finished_s = time.monotonic() - completion.started
         content = None
-        if self.store_content:  # GenerationContentData: what was asked, and the answer's text as generated
+        # GenerationContentData: what was asked, and the answer's text as generated
+        if self.account.store_content:
             error = {
                 "status": None,
                 "message": "the answer ended in an error",
@@ -659,7 +503,8 @@ class Emulator:
                 "output": self.replies.stored_output(completion),
                 "error": error if completion.failed else None,
             }
-        self.ledger.record(completion, content)
+        self.account.record(completion, content)
+        self.traffic.responses_completed += completion.complete
 
     async def _whole_answer(self, answer: _Answer, headers: dict[str, str]) -> Response:
         completion = answer.completion
@@ -744,7 +589,7 @@ class Emulator:
         except (EngineError, ApiError) as exc:
             error = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), "server")
             completion.failed = True
-            self.ledger.errors[error.status] += 1
+            self.traffic.errors[error.status] += 1
             yield _sse(completion.error_chunk(error.body()["error"]))
         self._end_stream(answer)  # before the last bytes, so `/generation` knows it once they arrive
         yield DONE
@@ -760,7 +605,7 @@ class Emulator:
         cancels = self.engine.cancellable and answer.cut_after is None
         if completion.complete or completion.failed or cancels:
             self._settle(answer)
-            self.ledger.in_flight -= 1
+            self.traffic.in_flight -= 1
             return
         task = asyncio.get_running_loop().create_task(self._run_out(answer))
         self._running_out.add(task)
@@ -774,7 +619,7 @@ class Emulator:
             completion.complete = True
         finally:
             self._settle(answer, client_left=True)
-            self.ledger.in_flight -= 1
+            self.traffic.in_flight -= 1
 
 
 def build_app(emulator: Emulator) -> Starlette:

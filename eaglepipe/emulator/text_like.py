@@ -1,7 +1,7 @@
 """What serving engines make of a completion's ids: the text, reasoning and tool calls they return.
 
 Providers hand back text, not ids, and the text is not quite what the model generated. What vLLM 0.32 and
-SGLang 0.5.14 do was read from their own code (`eaglepipe/tokens/engines`, docs/tokens.md): vLLM's Kimi
+SGLang 0.5.14 do was read from their own code (`tests/support/engines`, docs/tokens.md): vLLM's Kimi
 parser strips the reasoning's end, drops content that is only whitespace before a tool section and trims
 arguments (`vllm`); SGLang's renumbers tool-call ids after the conversation's earlier calls (non-streamed:
 plus the model's own number) and trims arguments (`sglang`). Two habits of other set-ups stay as switches:
@@ -9,9 +9,10 @@ vLLM's detokenizer joins text and markers with spaces when the tokenizer registe
 tokens (`vllm_spaced`), and an older SGLang stripped reasoning and content (`sglang_stripping`). Bills
 differ in whether they count the stop token. These switches imitate that as pure functions of the true
 ids, so the emulator can serve such text (`--text-like`) and the token stage's ground-truth tests can check
-reconstruction against it; `eaglepipe.tokens` never imports this module, so the two sides stay independent
-implementations of the same behaviour. They do not imitate the rarer habits (a special token's spelling
-dropped from text, a cut-off call returned, streamed SGLang's whitespace after arguments).
+reconstruction against it. This module and `eaglepipe.tokens` import nothing from each other (only the
+tests join them), so the two sides stay independent implementations of the same behaviour. They do not
+imitate the rarer habits (a special token's spelling dropped from text, a cut-off call returned, streamed
+SGLang's whitespace after arguments).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from eaglepipe.target.tokenizer import TargetTokenizer, TokenizerError
-from eaglepipe.tokens.profile import ProviderPin
 
 Whitespace = Literal["keep", "pad", "strip", "rstrip"]
 THINK_END = "</think>"
@@ -233,13 +233,3 @@ def split_tool_calls(text: str, switch: EngineSwitch, tool_history: int) -> tupl
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": match["arguments"]}}
         )
     return text[:cut], calls
-
-
-def pin_for(switch: EngineSwitch) -> ProviderPin:
-    """What an informed config says about the engine behind `switch`: the `tokens.providers` entry."""
-    return ProviderPin(
-        switch.whitespace,
-        "renumber" if switch.renumber_tool_ids else "keep",
-        "trim" if switch.trim_arguments else "keep",
-        switch.bills_stop_token,
-    )

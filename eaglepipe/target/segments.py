@@ -55,8 +55,3 @@ def encode_segments(tokenizer: TargetTokenizer, segments: Sequence[Segment]) -> 
         ids.append(segment.id)
         run = []
     return ids + tokenizer.encode("".join(run))
-
-
-def segments_text(tokenizer: TargetTokenizer, segments: Sequence[Segment]) -> str:
-    """The rendered string, special ids written as their names (what a Jinja template would produce)."""
-    return "".join(s.text if isinstance(s, Text) else tokenizer.decode([s.id]) for s in segments)

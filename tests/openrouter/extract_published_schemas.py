@@ -1,7 +1,7 @@
 """Copy, unchanged, the parts of OpenRouter's OpenAPI description the emulator must satisfy.
 
     python tests/openrouter/extract_published_schemas.py OPENAPI.yaml \
-        eaglepipe/emulator/schemas/openrouter.json
+        tests/support/schemas/openrouter.json
 
 Writes each response schema the emulator serves (by path, method, status and content type) and every
 component they reference, transitively, exactly as published; nothing is loosened or tightened. Rerun

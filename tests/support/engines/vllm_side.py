@@ -11,7 +11,7 @@ vLLM's `LogprobsProcessor` decodes each token alone, and the reply's `logprobs` 
 `_create_chat_logprobs` builds from those decoded tokens. Written as one JSON line per sample and mode.
 The tokenizer is the target directory's, loaded as vLLM loads it (`trust_remote_code`).
 
-    .venv-vllm/bin/python eaglepipe/tokens/engines/vllm_side.py MODEL_DIR IN.jsonl OUT.jsonl
+    PYTHONPATH=tests:. .venv-vllm/bin/python tests/support/engines/vllm_side.py MODEL_DIR IN.jsonl OUT.jsonl
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.outputs import LogprobsLists
 
-from eaglepipe.tokens.engines.replay import replay
+from support.engines.replay import replay
 
 SAMPLED_LOGPROB = -0.5  # every step's: no model ran, and nothing reads the value
 # The model type selects the `functions.NAME:N` id convention in vLLM's Kimi parser.

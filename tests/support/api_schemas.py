@@ -1,7 +1,7 @@
 """OpenRouter's published response schemas, as they are, for checking the emulator's answers.
 
-`schemas/openrouter.json` holds, unchanged, the response schemas of the routes the emulator serves and the
-components they reference, cut from OpenRouter's OpenAPI description by
+`schemas/openrouter.json` (beside this file) holds, unchanged, the response schemas of the routes the
+emulator serves and the components they reference, cut from OpenRouter's OpenAPI description by
 `tests/openrouter/extract_published_schemas.py`. Nothing in it is loosened to fit the emulator: where the
 emulator differs from the description, the emulator is wrong (or the difference is a documented fault it
 injects on purpose, such as a string error code, which is then not validated).

@@ -9,7 +9,7 @@ turns thinking off, tool calls only when the request has tools (which also turns
 off), and ids renumbered `functions.NAME:{earlier calls + index}` where the index is the model's own
 number when not streamed and a counter from 0 when streamed.
 
-    PYTHONPATH=tests/sglang_cpu:. .venv-sglang/bin/python eaglepipe/tokens/engines/sglang_side.py \\
+    PYTHONPATH=tests/sglang_cpu:tests:. .venv-sglang/bin/python tests/support/engines/sglang_side.py \\
         MODEL_DIR IN.jsonl OUT.jsonl
 """
 
@@ -27,7 +27,7 @@ from sglang.srt.function_call.function_call_parser import FunctionCallParser
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 from transformers import AutoTokenizer  # before SGLang: its imports look for torchvision through transformers
 
-from eaglepipe.tokens.engines.replay import replay
+from support.engines.replay import replay
 
 PROMPT_OFFSET = 5  # schedule_batch.py: INIT_INCREMENTAL_DETOKENIZATION_OFFSET
 NON_STREAM_INTERVAL = 50  # output_streamer.py: a non-streamed request's ids reach the detokenizer this often

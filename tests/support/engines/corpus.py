@@ -25,11 +25,14 @@ from eaglepipe.target.tokenizer import TargetTokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
+SUPPORT_ROOT = HERE.parents[1]  # tests/: the side scripts and `tokenization_kimi.py` import `support.engines`
 MODES = ("whole", "stream")
 
 
 @dataclass(frozen=True)
-class Engine:
+class EngineUnderTest:
+    """A serving engine this harness drives: its own environment and the side script run in it."""
+
     name: str
     python: Path  # the interpreter of the engine's own environment
     side: Path  # the script run by it
@@ -38,8 +41,8 @@ class Engine:
 
 
 ENGINES = {
-    "vllm": Engine("vllm", REPO / ".venv-vllm/bin/python", HERE / "vllm_side.py", (), "vllm-env"),
-    "sglang": Engine(
+    "vllm": EngineUnderTest("vllm", REPO / ".venv-vllm/bin/python", HERE / "vllm_side.py", (), "vllm-env"),
+    "sglang": EngineUnderTest(
         "sglang",
         REPO / ".venv-sglang/bin/python",
         HERE / "sglang_side.py",
@@ -55,15 +58,15 @@ class EngineMissing(RuntimeError):
 
 def engine_model_dir(tokenizer_dir: Path, directory: Path) -> Path:
     """A copy of a Kimi-layout tokenizer directory that engines load with `trust_remote_code`: Moonshot's
-    `auto_map`, and a `tokenization_kimi.py` that imports `eaglepipe.tokens.engines.hf_tokenizer`."""
+    `auto_map`, and a `tokenization_kimi.py` that imports `support.engines.hf_tokenizer`."""
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(tokenizer_dir / "tiktoken.model", directory / "tiktoken.model")
     config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
     config["auto_map"] = {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     (directory / "tokenization_kimi.py").write_text(
-        '"""Kimi-K2.5\'s tokenizer for engines: eaglepipe/tokens/engines/hf_tokenizer.py."""\n\n'
-        "from eaglepipe.tokens.engines.hf_tokenizer import TikTokenTokenizer\n\n"
+        '"""Kimi-K2.5\'s tokenizer for engines: tests/support/engines/hf_tokenizer.py."""\n\n'
+        "from support.engines.hf_tokenizer import TikTokenTokenizer\n\n"
         '__all__ = ["TikTokenTokenizer"]\n'
     )
     return directory
@@ -88,10 +91,10 @@ def engine_input(chat_format: ChatFormat, sample: TrueSample) -> dict[str, Any]:
     }
 
 
-def run_engine(engine: Engine, model_dir: Path, inputs: Path, out: Path) -> list[dict[str, Any]]:
+def run_engine(engine: EngineUnderTest, model_dir: Path, inputs: Path, out: Path) -> list[dict[str, Any]]:
     if not engine.python.exists():
         raise EngineMissing(f"{engine.python} is missing: run `make {engine.make_target}`")
-    path = [str(p) for p in (*engine.pythonpath, REPO)]
+    path = [str(p) for p in (*engine.pythonpath, SUPPORT_ROOT, REPO)]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(path),
@@ -153,7 +156,7 @@ def engine_record(
 
 
 def main() -> None:
-    """`python -m eaglepipe.tokens.engines.corpus OUT_DIR [COUNT]`: the corpus, for a look by hand."""
+    """`PYTHONPATH=tests python -m support.engines.corpus OUT_DIR [COUNT]`: the corpus, for a look by hand."""
     from eaglepipe.emulator.kimi_synthetic import kimi_corpus
     from eaglepipe.target.kimi_layout import ensure_kimi_layout
     from eaglepipe.target.tokenizer import load_target_tokenizer
