@@ -12,6 +12,7 @@ from eaglepipe.config import validate_config
 from eaglepipe.drafter.evaluate import EvalSettings
 from eaglepipe.drafter.train import TrainSettings
 from eaglepipe.hidden.extract import HiddenSettings
+from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.tokens.profile import ProviderPin
 from eaglepipe.tokens.rebuild import TokenSettings
 
@@ -36,6 +37,11 @@ CPU_TRAINING = {
 }
 CPU_EVALUATION = {"device": "cpu", "dtype": "float32", "max_new_tokens": 128}
 CPU_HIDDEN = {"device": "cpu"}
+
+
+def default_config(**sections: Any) -> dict[str, Any]:
+    """The minimal config, defaults filled, with whole `sections` given (e.g. `api={"model": ...}`)."""
+    return validate_config({**copy.deepcopy(MINIMAL_CONFIG), **sections}, SCHEMA)
 
 
 def section(name: str, **overrides: Any) -> dict[str, Any]:
@@ -63,3 +69,21 @@ def train_settings(**overrides: Any) -> TrainSettings:
 
 def eval_settings(**overrides: Any) -> EvalSettings:
     return EvalSettings.from_section(section("eval", **{**CPU_EVALUATION, **overrides}))
+
+
+def generation_settings(**fields: Any) -> GenerationSettings:
+    """`fields` over what the default config builds (no kept endpoints: any server); `base_url` and
+    `fingerprint` are the caller's, as a job's are."""
+    config = default_config()
+    defaults = GenerationSettings.from_sections(
+        config["generation"],
+        model=fields.get("model", config["api"]["model"]),
+        base_url=fields["base_url"],
+        fingerprint=fields["fingerprint"],
+        kept=[],
+        provider_obj=None,
+        output_token_budget=config["budget"]["output_tokens_per_dataset"],
+        usd_budget=config["budget"]["usd"],
+        max_failed_fraction=config["generation"]["max_failed_fraction"],
+    )
+    return dataclasses.replace(defaults, **fields)

@@ -11,8 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from generation_defaults import generation_settings
-from stage_settings import token_settings
+from stage_settings import generation_settings, token_settings
 
 from eaglepipe.openrouter.client import GenerationSummary
 from eaglepipe.openrouter.errors import OpenRouterError

@@ -17,7 +17,7 @@ import anyio
 import httpx
 import pytest
 import yaml
-from generation_defaults import generation_settings
+from stage_settings import generation_settings
 from support.api_schemas import validate
 
 from eaglepipe.emulator.runner import running_emulator

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 import uvicorn
-from generation_defaults import generation_settings
+from stage_settings import generation_settings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from generation_defaults import default_config, generation_settings
+from stage_settings import default_config, generation_settings
 
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.client import GenerationSummary, generate_set
