@@ -71,7 +71,8 @@ test: install cluster-plugins browser vllm-env sglang-env typecheck
 
 # The inner loop: everything but the end-to-end, Slurm, real-vLLM and SGLang tests, two workers (one per
 # core here; most tests wait on a subprocess or a loopback server part of the time), under two minutes.
-test-fast: install cluster-plugins
+# The type check comes first: a few seconds once its cache is warm.
+test-fast: install cluster-plugins typecheck
 	$(BIN)/pytest -n 2 --dist loadfile -m "not slow and not slurm and not vllm and not sglang"
 
 # The report test opens the report in headless Chromium (Debian's `chromium`): installed once, as root
