@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.eaglepipe-vllm-installed
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.eaglepipe-sglang-installed
 
-.PHONY: install cluster-plugins vllm-env sglang-env demo test test-fast lint envs browser
+.PHONY: install cluster-plugins vllm-env sglang-env demo test test-fast lint typecheck envs browser
 
 install: $(STAMP)
 
@@ -66,12 +66,13 @@ $(SGLANG_STAMP): requirements-sglang-cpu.txt
 demo: install
 	$(BIN)/snakemake --workflow-profile profiles/local
 
-test: install cluster-plugins browser vllm-env sglang-env
+test: install cluster-plugins browser vllm-env sglang-env typecheck
 	$(BIN)/pytest
 
 # The inner loop: everything but the end-to-end, Slurm, real-vLLM and SGLang tests, two workers (one per
 # core here; most tests wait on a subprocess or a loopback server part of the time), under two minutes.
-test-fast: install cluster-plugins
+# The type check comes first: a few seconds once its cache is warm.
+test-fast: install cluster-plugins typecheck
 	$(BIN)/pytest -n 2 --dist loadfile -m "not slow and not slurm and not vllm and not sglang"
 
 # The report test opens the report in headless Chromium (Debian's `chromium`): installed once, as root
@@ -81,9 +82,14 @@ browser:
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
 		|| echo "make: the report test needs Debian's chromium: sudo apt-get install chromium" >&2
 
-lint: install
+lint: install typecheck
 	$(BIN)/ruff check .
 	$(BIN)/snakemake --lint
+
+# mypy over eaglepipe/ ([tool.mypy] in pyproject.toml). Its cache (.mypy_cache) makes a rerun take seconds;
+# a cold run (a fresh clone, as in CI) reads torch's and transformers' types first, about two minutes.
+typecheck: install
+	$(BIN)/mypy
 
 envs: install
 	$(BIN)/python -m eaglepipe.envs --write

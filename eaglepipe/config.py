@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
+from jsonschema.protocols import Validator
 
 
 class ConfigError(ValueError):
     """A config problem, phrased as one line naming the key and what is allowed."""
 
 
-def _with_defaults(validator_class: type) -> type:
+def _with_defaults(validator_class: type[Validator]) -> type[Validator]:
     validate_properties = validator_class.VALIDATORS["properties"]
 
     def set_defaults(validator, properties, instance, schema):
@@ -25,7 +27,8 @@ def _with_defaults(validator_class: type) -> type:
                     instance.setdefault(name, copy.deepcopy(subschema["default"]))
         yield from validate_properties(validator, properties, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+    extended: type[Validator] = jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+    return extended
 
 
 _Validator = _with_defaults(jsonschema.Draft202012Validator)
@@ -67,11 +70,17 @@ def _key_path(error: jsonschema.ValidationError) -> str:
     return ".".join(str(part) for part in error.absolute_path) or "(top level)"
 
 
+def _subschema(error: jsonschema.ValidationError) -> Mapping[str, Any]:
+    """The (sub)schema that failed: a mapping wherever this module reads it (never `true`/`false`)."""
+    return error.schema if isinstance(error.schema, Mapping) else {}
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     key = _key_path(error)
-    if error.validator == "additionalProperties":
-        allowed = ", ".join(sorted(error.schema.get("properties", {}))) or "none"
-        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+    if error.validator == "additionalProperties" and isinstance(error.instance, Mapping):
+        properties = _subschema(error).get("properties", {})
+        allowed = ", ".join(sorted(properties)) or "none"
+        extra = sorted(set(error.instance) - set(properties))
         where = f"{key}." if error.absolute_path else ""
         return f"config key '{where}{extra[0]}' is not allowed here (allowed: {allowed})"
     if error.validator == "required":
@@ -81,7 +90,7 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "oneOf" and isinstance(error.instance, dict):
         # Report the branch that matches the source's own `type`, which is what the user meant.
         for sub in error.context or []:
-            branch_type = sub.schema.get("properties", {}).get("type", {}).get("const")
+            branch_type = _subschema(sub).get("properties", {}).get("type", {}).get("const")
             matches_type = branch_type is None or branch_type == error.instance.get("type")
             if matches_type and sub.validator != "const":
                 return _describe(sub)

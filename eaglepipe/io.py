@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp)` on a temporary sibling, fsync it, then rename it over `path`."""
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp)` on a temporary sibling, fsync it, then rename it over `path` (what `write` returns,
+    e.g. `Path.write_text`'s count, is ignored)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -24,7 +24,7 @@ from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.export import load_exported
 from eaglepipe.drafter.model import DraftCache, Eagle3Drafter
 from eaglepipe.target.attention import use_grouped_sdpa
-from eaglepipe.target.kv_cache import growing_cache
+from eaglepipe.target.kv_cache import filled_layers, growing_cache
 from eaglepipe.target.load import load_target
 from eaglepipe.target.tokenizer import load_target_tokenizer
 
@@ -63,7 +63,10 @@ class EvalSettings:
 class Proposer(Protocol):
     """Drafts for many sequences at once, each named by a row id that stays the same across calls."""
 
-    aux_layer_ids: list[int] | None  # target layers whose outputs `propose` needs; None: no hidden states
+    @property
+    def aux_layer_ids(self) -> list[int] | None:
+        """Target layers whose outputs `propose` needs; None: no hidden states."""
+        ...
 
     def propose(
         self, rows: list[int], tokens: list[list[int]], new_aux: list[Tensor | None], num_steps: int
@@ -89,11 +92,14 @@ class EagleProposer:
         self, rows: list[int], tokens: list[list[int]], new_aux: list[Tensor | None], num_steps: int
     ) -> list[list[int]]:
         caches = [self.caches.setdefault(row, DraftCache()) for row in rows]
+        states = [aux for aux in new_aux if aux is not None]
+        if len(states) != len(new_aux):
+            raise DrafterError("the EAGLE proposer drafts from aux states: every row needs them")
         ids = [
             torch.tensor([row_tokens[cache.length + 1 : cache.length + 1 + len(aux)]], device=aux.device)
-            for row_tokens, cache, aux in zip(tokens, caches, new_aux, strict=True)
+            for row_tokens, cache, aux in zip(tokens, caches, states, strict=True)
         ]
-        hidden = self.drafter.step_packed(ids, [aux[None] for aux in new_aux], caches)
+        hidden = self.drafter.step_packed(ids, [aux[None] for aux in states], caches)
         hidden = [h[:, -1:] for h in hidden]
         drafts: list[list[int]] = [[] for _ in rows]
         for step in range(num_steps):
@@ -166,9 +172,10 @@ def prefill(target: Any, prompt: list[int], aux_layer_ids: list[int] | None) -> 
     aux = None
     if aux_layer_ids is not None:
         aux = torch.cat([out.hidden_states[i + 1][0] for i in aux_layer_ids], dim=-1)
+    keys, values = filled_layers(cache)
     return Prefill(
-        [layer.keys for layer in cache.layers],
-        [layer.values for layer in cache.layers],
+        keys,
+        values,
         int(out.logits[0, -1].argmax()),
         aux,
     )
@@ -351,7 +358,7 @@ def evaluate(
         )
     target, stop_id, trained = _open(drafter_dir, target_dir, prompts, dtype, device)
     untrained = untrained_like(trained, seed).to(target.device)
-    methods = {
+    methods: dict[str, Callable[[], Proposer]] = {
         "eagle3": lambda: EagleProposer(trained),
         "eagle3_untrained": lambda: EagleProposer(untrained),
         "prompt_lookup": PromptLookupProposer,

@@ -145,7 +145,7 @@ class FusedAttention(nn.Module):
         kv_size = config.num_key_value_heads * config.head_dim
         self.head_dim = config.head_dim
         self.sizes = [q_size, kv_size, kv_size]
-        self.shard_rows = {
+        self.shard_rows: dict[str | int, slice] = {
             "q": slice(0, q_size),
             "k": slice(q_size, q_size + kv_size),
             "v": slice(q_size + kv_size, q_size + 2 * kv_size),
@@ -162,7 +162,7 @@ class FusedMLP(nn.Module):
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__()
         size = config.intermediate_size
-        self.shard_rows = {0: slice(0, size), 1: slice(size, 2 * size)}
+        self.shard_rows: dict[str | int, slice] = {0: slice(0, size), 1: slice(size, 2 * size)}
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * size, bias=False)
         self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
 
@@ -183,7 +183,10 @@ def _load_weight(
     for fused, piece, shard in STACKED_PARAMS:
         if f".{piece}." in name:
             target = name.replace(f".{piece}.", f".{fused}.")
-            rows = drafter.get_submodule(target.rsplit(".", 2)[0]).shard_rows[shard]
+            module = drafter.get_submodule(target.rsplit(".", 2)[0])
+            if not isinstance(module, FusedAttention | FusedMLP):
+                raise DrafterError(f"{weights}: unexpected tensor {name}: the drafter is not fused")
+            rows = module.shard_rows[shard]
             break
     else:
         target, shard, rows = name, None, slice(None)

@@ -120,6 +120,12 @@ class DraftCache:
     def length(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
+    def context(self) -> tuple[Tensor, Tensor]:
+        """The context's keys and values, once a context step has filled them."""
+        if self.keys is None or self.values is None:
+            raise ValueError("the draft cache has no context yet: the first step must extend the context")
+        return self.keys, self.values
+
     def extend_context(self, keys: Tensor, values: Tensor) -> None:
         self.chain_keys, self.chain_values = [], []
         self.keys = keys if self.keys is None else torch.cat((self.keys, keys), dim=2)
@@ -164,7 +170,13 @@ def self_attention(
         packed.caches,
         strict=True,
     )
-    return torch.cat([_attend(*segment, context_step, head_dim) for segment in segments], dim=1)
+    return torch.cat(
+        [
+            _attend(q_rows, k_rows, v_rows, cos_rows, sin_rows, cache, context_step, head_dim)
+            for q_rows, k_rows, v_rows, cos_rows, sin_rows, cache in segments
+        ],
+        dim=1,
+    )
 
 
 def _attend(
@@ -184,18 +196,19 @@ def _attend(
         cache.extend_context(k, v)
     else:
         cache.extend_chains(k, v)
+    context_keys, context_values = cache.context()
     group = q.shape[1] // k.shape[1]
     length = cache.length
     anchors = torch.arange(length - rows, length, device=q.device)
     visible = torch.arange(length, device=q.device)[None, :] <= anchors[:, None]
     scale = head_dim**-0.5
-    scores = (q @ cache.keys.repeat_interleave(group, 1).transpose(-1, -2)) * scale
+    scores = (q @ context_keys.repeat_interleave(group, 1).transpose(-1, -2)) * scale
     scores = scores.masked_fill(~visible, float("-inf"))
     if cache.chain_keys:
         chain_keys = torch.stack(cache.chain_keys, dim=3).repeat_interleave(group, 1)
         scores = torch.cat((scores, (q.unsqueeze(3) * chain_keys).sum(-1) * scale), dim=-1)
     probs = scores.float().softmax(-1).to(q.dtype)
-    out = probs[..., :length] @ cache.values.repeat_interleave(group, 1)
+    out = probs[..., :length] @ context_values.repeat_interleave(group, 1)
     if cache.chain_values:
         chain_values = torch.stack(cache.chain_values, dim=3).repeat_interleave(group, 1)
         out = out + (probs[..., length:].unsqueeze(-1) * chain_values).sum(3)
@@ -235,9 +248,10 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        # The split layout here; export.load_exported swaps in SGLang's fused one (FusedAttention, FusedMLP).
+        self.self_attn: nn.Module = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp: nn.Module = MLP(config)
 
     def forward(
         self, embeds: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, packed: PackedRows, context_step: bool
@@ -248,6 +262,9 @@ class DecoderLayer(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
+    d2t: Tensor  # buffers (register_buffer): draft id -> target id offset, and the target ids drafted
+    t2d: Tensor
+
     def __init__(self, config: Eagle3Config, embed_weight: Tensor) -> None:
         super().__init__()
         if tuple(embed_weight.shape) != (config.vocab_size, config.hidden_size):

@@ -205,7 +205,8 @@ def training(run: RunOutputs) -> Figure:
 
 def acceptance(run: RunOutputs) -> Figure:
     """Acceptance length per set (from the per-prompt entries) and overall, for each method."""
-    methods = (run.eval or {}).get("methods") or {}
+    evaluation = run.eval or {}
+    methods = evaluation.get("methods") or {}
     fig, ax = plt.subplots(figsize=(8, 3.8))
     if not methods:
         _empty(ax, "no eval.json")
@@ -221,7 +222,7 @@ def acceptance(run: RunOutputs) -> Figure:
     ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("tokens per target forward")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    held_out = run.eval.get("held_out_prompts", "?")
+    held_out = evaluation.get("held_out_prompts", "?")
     ax.set_title(f"Acceptance length on {held_out} held-out prompts (1.0: no gain)")
     return fig
 

@@ -55,14 +55,15 @@ def run_table(run: RunOutputs, *, emulated: bool = False) -> str:
         "exact ids: token ids the server returned; count-matched: ids whose count equals the billed "
         "completion tokens"
     )
-    methods = (run.eval or {}).get("methods", {})
+    evaluation = run.eval or {}
+    methods = evaluation.get("methods", {})
     if methods:
         cells = [
             f"{label} {methods[name]['acceptance_length']}"
             for name, label in METHOD_LABELS.items()
             if name in methods
         ]
-        held_out = run.eval.get("held_out_prompts", DASH)
+        held_out = evaluation.get("held_out_prompts", DASH)
         lines.append(f"acceptance length on {held_out} held-out prompts: " + ", ".join(cells))
     else:
         lines.append("acceptance length: - (no drafter/eval.json yet)")

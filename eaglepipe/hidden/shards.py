@@ -38,7 +38,8 @@ class ShardPlan:
 
 def plan_shards(offsets: list[int], shard_tokens: int) -> list[ShardPlan]:
     """Consecutive whole samples, each shard closed once it holds at least `shard_tokens` tokens."""
-    plans, first = [], 0
+    plans: list[ShardPlan] = []
+    first = 0
     for row in range(len(offsets) - 1):
         if offsets[row + 1] - offsets[first] >= shard_tokens or row == len(offsets) - 2:
             plans.append(ShardPlan(len(plans), first, row + 1))

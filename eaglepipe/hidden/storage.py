@@ -38,7 +38,8 @@ def select_rows(
         range(len(prompt_ids)),
         key=lambda row: hashlib.sha256(f"{seed}:{prompt_ids[row]}".encode()).digest(),
     )
-    chosen, tokens = [], 0
+    chosen: list[int] = []
+    tokens = 0
     for row in ranked:
         if max_samples is not None and len(chosen) >= max_samples:
             break

@@ -138,8 +138,8 @@ def with_coverage(sets: list[SetPlan], remaining_usd: float) -> list[SetPlan]:
         if item.status != "generate":
             out.append(item)
             continue
-        priced = priced and item.usd is not None
-        if not priced:
+        if not priced or item.usd is None:
+            priced = False
             out.append(replace(item, coverage=UNKNOWN))
             continue
         before, cumulative = cumulative, cumulative + item.usd
@@ -166,6 +166,9 @@ def _plan_set(
 
     done = tally_done(layout.journal(ds), fingerprint)
     prompts_path = layout.prompt_set(ds)
+    total: int | None
+    left: int | None
+    input_tokens: int | None
     if prompts_path.is_file():
         prompts = read_jsonl(prompts_path)
         done = {prompt["id"]: done[prompt["id"]] for prompt in prompts if prompt["id"] in done}
@@ -180,11 +183,15 @@ def _plan_set(
     per_answer, source = per_answer_estimate(done.values(), configured, max_tokens)
     used = sum(_completion_tokens(record, max_tokens) for record in done.values())
     token_budget_left = max(config["budget"]["output_tokens_per_dataset"] - used, 0)
-    uncapped = None if left is None else left * per_answer
-    output_tokens = None if uncapped is None else min(uncapped, token_budget_left)
-    if input_tokens is not None and uncapped:
-        # The token budget stops the set early: only the prompts answered before then are billed.
-        input_tokens = round(input_tokens * output_tokens / uncapped)
+    output_tokens: int | None = None
+    capped = False
+    if left is not None:
+        uncapped = left * per_answer
+        output_tokens = min(uncapped, token_budget_left)
+        capped = output_tokens < uncapped
+        if input_tokens is not None and uncapped:
+            # The token budget stops the set early: only the prompts answered before then are billed.
+            input_tokens = round(input_tokens * output_tokens / uncapped)
     usd = None
     if prices is not None and output_tokens is not None:
         usd = prices.cost(input_tokens or 0, output_tokens)
@@ -204,7 +211,7 @@ def _plan_set(
         per_answer=per_answer,
         per_answer_source=source,
         output_tokens=output_tokens,
-        capped=uncapped is not None and output_tokens < uncapped,
+        capped=capped,
         usd=usd,
         usd_at_least=usd is not None and input_tokens is None,
         disk_bytes=disk,

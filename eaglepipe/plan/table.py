@@ -58,7 +58,8 @@ def _dollar_range(item: SetPlan, plan: SpendPlan) -> tuple[float | None, float |
     answered at max_tokens reaches it after fewer prompts, so fewer input tokens: the high end holds."""
     if item.usd is None or plan.prices is None or item.left is None:
         return item.usd, None
-    most = item.output_tokens if item.capped else item.left * plan.max_tokens
+    capped = item.output_tokens if item.capped else None  # a capped set's output tokens are known
+    most = capped if capped is not None else item.left * plan.max_tokens
     return item.usd, plan.prices.cost(item.input_tokens or 0, max(most, item.output_tokens or 0))
 
 
@@ -208,7 +209,7 @@ def _usd(value: float | None) -> str:
     return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
 
 
-def _size(value: int | None) -> str:
+def _size(value: float | None) -> str:
     if value is None:
         return UNKNOWN
     for unit in ("B", "kB", "MB", "GB"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from eaglepipe.io import atomic_write
@@ -59,7 +59,7 @@ def write_prompt_set(records: Iterable[dict], path: Path) -> None:
     atomic_write(path, lambda tmp: tmp.write_text("".join(lines), encoding="utf-8"))
 
 
-def load_source(source: dict, *, strip_trailing_assistant: bool) -> list[SourcedRecord | SkippedRow]:
+def load_source(source: dict, *, strip_trailing_assistant: bool) -> Sequence[SourcedRecord | SkippedRow]:
     """The records a set's `source` mapping describes (`type`: jsonl with `path`, or hf)."""
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "jsonl":

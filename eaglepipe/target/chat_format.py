@@ -21,7 +21,7 @@ from eaglepipe.target import chatml, kimi_chat
 from eaglepipe.target.chat import render_prompt_ids
 from eaglepipe.target.kimi_tokenizer import MAX_RUN_CHARS
 from eaglepipe.target.kimi_tools import ToolDeclarationError, ToolFormat, declare_tools
-from eaglepipe.target.segments import Segment, encode_segments
+from eaglepipe.target.segments import Segment, encode_segments, segments_text
 from eaglepipe.target.tokenizer import TargetTokenizer
 
 if TYPE_CHECKING:
@@ -43,6 +43,27 @@ class Layout:
     argument_begin: int | None = None
     call_end: int | None = None
 
+    def sections(self) -> SectionMarkers:
+        """The markers of a sectioned (Kimi) format, every one set; ValueError for a one-text layout."""
+        markers = (self.think_end, self.section_begin, self.section_end, self.call_begin, self.argument_begin,
+                   self.call_end)
+        if None in markers:
+            raise ValueError("this chat format keeps no sections: its layout has no Kimi markers")
+        return SectionMarkers(self.stop, *(marker for marker in markers if marker is not None))
+
+
+@dataclass(frozen=True)
+class SectionMarkers:
+    """A sectioned completion's special ids (`Layout.sections`)."""
+
+    stop: int
+    think_end: int
+    section_begin: int
+    section_end: int
+    call_begin: int
+    argument_begin: int
+    call_end: int
+
 
 @dataclass
 class ReadBack:
@@ -58,7 +79,6 @@ class ReadBack:
 class ChatFormat(Protocol):
     """What the stages need from a target's chat format."""
 
-    tokenizer: TargetTokenizer
     special_ids: frozenset[int]
     # Tool-declaration formats it can render (the token stage tries the configured one, then these);
     # empty for a template, which declares tools its own way.
@@ -66,6 +86,11 @@ class ChatFormat(Protocol):
     # True when a completion keeps reasoning, content and tool calls apart with special ids (Kimi); False
     # when it is one text then the stop id (ChatML).
     sectioned: bool
+
+    @property
+    def tokenizer(self) -> TargetTokenizer:
+        """The tokenizer it was loaded with (each family's own: read-only here, so each may say which)."""
+        ...
 
     @property
     def layout(self) -> Layout: ...
@@ -168,7 +193,7 @@ class KimiChatFormat:
         segments = kimi_chat.prompt_segments(
             self.tokenizer, messages, tools, thinking=thinking, tool_format=tool_format
         )
-        return encode_segments(self, segments)  # type: ignore[arg-type]
+        return encode_segments(self, segments)
 
     @cached_property
     def _openings(self) -> dict[bool, list[int]]:
@@ -262,9 +287,10 @@ class KimiChatFormat:
                 return None
             if token_id is None:
                 break
-            state = transitions.get((state, token_id))  # type: ignore[assignment]
-            if state is None:
+            next_state = transitions.get((state, token_id))
+            if next_state is None:
                 return None
+            state = next_state
             read.think_end |= token_id == layout.think_end
             read.section |= token_id == layout.section_begin
         if state in ("id", "arguments") and not truncated:
@@ -333,7 +359,7 @@ class TemplateChatFormat:
         segments = self.completion_segments(
             reasoning=None, content=content, tool_calls=tool_calls, truncated=True, thinking=False
         )
-        return "".join(segment.text for segment in segments)  # type: ignore[union-attr]
+        return segments_text(self.tokenizer, segments)  # all text: truncated, so no stop id
 
     def completion_segments(
         self,

@@ -149,11 +149,12 @@ def content_text(message: Message, index: int) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     texts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
-    if len(texts) != len(content) or not all(isinstance(text, str) for text in texts):
+    strings = [text for text in texts if isinstance(text, str)]
+    if len(strings) != len(content):
         raise KimiChatError(
             f"messages[{index}] has a non-text content part; only text parts can be rendered: drop the others"
         )
-    return "".join(texts)
+    return "".join(strings)
 
 
 def tool_section(markers: Markers, tool_calls: list[dict[str, Any]], where: str) -> list[Segment]:

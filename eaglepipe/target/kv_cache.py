@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 MIN_ROOM = 64  # slots reserved beyond the current length when a buffer is (re)allocated
 
@@ -23,6 +23,10 @@ class GrowingLayer(DynamicLayer):
     It starts from blocks of rows ([rows, heads, len, dim] each, stacked in order), copied once into its
     buffers; a block shorter than the longest is zero after its length, which its caller masks out.
     """
+
+    # Set from the start, unlike a DynamicLayer's (None until its first update).
+    keys: Tensor
+    values: Tensor
 
     def __init__(self, keys: list[Tensor], values: list[Tensor], room: int = MIN_ROOM) -> None:
         super().__init__()
@@ -78,7 +82,18 @@ def growing_cache(keys: list[list[Tensor]], values: list[list[Tensor]], room: in
     return Cache(layers=[GrowingLayer(k, v, room) for k, v in zip(keys, values, strict=True)])
 
 
+def filled_layers(cache: Cache) -> tuple[list[Tensor], list[Tensor]]:
+    """Each layer's keys and values of a cache a forward has filled (every layer an attention layer's)."""
+    keys, values = [], []
+    for index, layer in enumerate(cache.layers):
+        if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+            raise TypeError(f"cache layer {index} ({type(layer).__name__}) holds no keys and values")
+        keys.append(layer.keys)
+        values.append(layer.values)
+    return keys, values
+
+
 def as_growing(cache: Cache, room: int = MIN_ROOM) -> Cache:
     """The same keys and values as `cache` (e.g. one a prefill filled), in a cache that grows in place."""
-    layers = cache.layers
-    return growing_cache([[layer.keys] for layer in layers], [[layer.values] for layer in layers], room)
+    keys, values = filled_layers(cache)
+    return growing_cache([[k] for k in keys], [[v] for v in values], room)

@@ -45,7 +45,8 @@ def load_target(model_dir: str | Path, dtype: str = "float32", device: str = "cp
         kwargs["key_mapping"] = {f"^{target.weight_prefix.replace('.', '[.]')}": ""}
     if device == "auto":
         kwargs["device_map"] = "auto"
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
+    # Typed as the Module it is: transformers wraps its `to` in functools.wraps, whose types cannot bind it.
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
     if device != "auto":
         model.to(device)
     model.eval()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from eaglepipe.target.tokenizer import TargetTokenizer
 
@@ -36,12 +36,18 @@ class Special:
 Segment = Text | Special
 
 
+class Encoder(Protocol):
+    """What encodes ordinary text: a `TargetTokenizer`, or a chat format (which may encode its own way)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+
 def text_segment(text: str | None, kind: TextKind) -> list[Segment]:
     """No segment for an empty piece, so segment lists compare cleanly."""
     return [Text(text, kind)] if text else []
 
 
-def encode_segments(tokenizer: TargetTokenizer, segments: Sequence[Segment]) -> list[int]:
+def encode_segments(tokenizer: Encoder, segments: Sequence[Segment]) -> list[int]:
     """Each run of text between special ids encoded as ordinary text. Adjacent texts are joined first (BPE
     pieces may span them), so this equals encoding the rendered string with specials allowed, except that a
     special-token string inside a text stays text, as the engine's template keeps it."""

@@ -98,7 +98,7 @@ def summarize(rebuilt: Rebuilt, settings: TokenSettings, num_prompts: int) -> di
     return {
         "prompt_ids": [s.prompt_id for s in kept],
         "method_codes": {m.name.lower(): int(m) for m in Method},
-        "flag_codes": {f.name.lower(): int(f) for f in Flag},  # type: ignore[union-attr]
+        "flag_codes": {name.lower(): int(f) for name, f in Flag.__members__.items()},
         "counts": {
             "prompts": num_prompts,
             "responses": len(samples),
@@ -145,10 +145,20 @@ def _histogram(values: Iterable[int]) -> dict[str, int]:
     return {str(k): v for k, v in sorted(Counter(values).items())}
 
 
+def _bill(sample: RebuiltSample) -> tuple[int, int]:
+    """(billed completion tokens, as-returned difference) of a sample with a completion bill (a sample has
+    the difference exactly when it has the bill)."""
+    if sample.billed_completion is None or sample.as_returned_diff is None:
+        raise ValueError(f"sample {sample.prompt_id!r} has no completion bill")
+    return sample.billed_completion, sample.as_returned_diff
+
+
 def _billed(samples: list[RebuiltSample], total: int) -> dict[str, Any]:
-    billed = sum(s.billed_completion for s in samples)  # type: ignore[misc]
+    """Over `samples`, the ones with a completion bill."""
+    bills = [_bill(s) for s in samples]
+    billed = sum(count for count, _ in bills)
     rebuilt = billed + sum(s.billed_diff for s in samples)
-    as_returned = billed + sum(s.as_returned_diff for s in samples)  # type: ignore[misc]
+    as_returned = billed + sum(diff for _, diff in bills)
     return {
         "samples_without_billed_count": total - len(samples),
         "rebuilt_completion_tokens": rebuilt,
@@ -158,20 +168,17 @@ def _billed(samples: list[RebuiltSample], total: int) -> dict[str, Any]:
         "rebuilt_minus_billed_histogram": _histogram(s.billed_diff for s in samples),
         # The text encoded as returned, no engine reading undone: what naive re-encoding would give.
         "as_returned_relative_difference": (as_returned - billed) / billed if billed else None,
-        "as_returned_minus_billed_histogram": _histogram(s.as_returned_diff for s in samples),  # type: ignore[misc]
+        "as_returned_minus_billed_histogram": _histogram(diff for _, diff in bills),
     }
 
 
 def _prompt_summary(samples: list[RebuiltSample], settings: TokenSettings) -> dict[str, Any]:
-    with_bill = [s for s in samples if s.billed_prompt is not None]
+    billed_prompts = [(len(s.prompt_ids), s.billed_prompt) for s in samples if s.billed_prompt is not None]
     with_tools = [s for s in samples if s.prompt_diffs]
     formats = sorted({f for s in with_tools for f in s.prompt_diffs})
     return {
         "count_mismatches": sum(bool(s.flags & Flag.PROMPT_COUNT_MISMATCH) for s in samples),
-        "rebuilt_minus_billed_histogram": _histogram(
-            len(s.prompt_ids) - s.billed_prompt  # type: ignore[operator]
-            for s in with_bill
-        ),
+        "rebuilt_minus_billed_histogram": _histogram(length - billed for length, billed in billed_prompts),
         "tool_format": settings.tool_format,
         "samples_with_tools": len(with_tools),
         "used_other_tool_format": sum(bool(s.flags & Flag.PROMPT_OTHER_TOOL_FORMAT) for s in samples),

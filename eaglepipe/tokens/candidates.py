@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from eaglepipe.target.chat_format import ChatFormat, Layout
+from eaglepipe.target.chat_format import ChatFormat, SectionMarkers
 from eaglepipe.tokens.methods import Flag, Method
 from eaglepipe.tokens.normalize import WHITESPACE_MODES, restore_edits, restore_trail_edits, unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT, Edit, Piece
@@ -171,7 +171,7 @@ def kimi_structures(reply: Reply, reading: str) -> list[tuple[str, bool, bool, i
 def kimi_variants(
     reply: Reply, chat: ChatFormat, profile: EngineProfile, history: int, pieces: PieceCache
 ) -> list[Variant]:
-    layout = chat.layout
+    layout = chat.layout.sections()
     readings = [r for r in profile.whitespace if not (r == "keep" and "strip" in profile.whitespace)]
     forced = Flag.REPLACEMENT_CHARACTER if any("\ufffd" in text for text in reply.texts) else Flag(0)
     tool_items: list[Item] = []
@@ -181,7 +181,7 @@ def kimi_variants(
         tool_items += [
             layout.call_begin,
             slot,
-            layout.argument_begin,  # type: ignore[list-item]
+            layout.argument_begin,
             argument_slot(pieces(call.arguments), profile),
             layout.call_end,
         ]
@@ -193,7 +193,7 @@ def kimi_variants(
 
 def _kimi_readings(
     reply: Reply,
-    layout: Layout,
+    layout: SectionMarkers,
     readings: list[str],
     tool_items: list[Item],
     pieces: PieceCache,
@@ -226,7 +226,7 @@ def _kimi_readings(
 
 def _kimi_items(
     reply: Reply,
-    layout: Layout,
+    layout: SectionMarkers,
     reading: str,
     think_end: bool,
     extra: bool,
@@ -245,17 +245,17 @@ def _kimi_items(
             return None
         items.append(reasoning)
         if think_end:
-            items.append(layout.think_end)  # type: ignore[arg-type]
+            items.append(layout.think_end)
     if think_end:
         content = whitespace_slot(pieces(reply.content), reading, reply.thinking, section)
         if content is None:
             return None
         items.append(content)
     if section:
-        items.append(layout.section_begin)  # type: ignore[arg-type]
+        items.append(layout.section_begin)
         items += tool_items
         if calls and (not reply.truncated or extra):
-            items.append(layout.section_end)  # type: ignore[arg-type]
+            items.append(layout.section_end)
     if not reply.truncated:
         items.append(layout.stop)
     return items
@@ -307,7 +307,7 @@ def select(variants: Sequence[Variant], billed: int | None, stop_billed: bool) -
             ),
         )
         choice = [
-            min(range(len(i.options)), key=lambda k, i=i: i.options[k].cost)
+            min(range(len(i.options)), key=[o.cost for o in i.options].__getitem__)
             for i in best.items
             if isinstance(i, Slot)
         ]
@@ -356,7 +356,9 @@ def _solve(variant: Variant, billed: int, stop_billed: bool) -> _Solved:
     result.ways, result.best_cost, _ = forward[-1][target]
     total = target
     for position in range(len(slots), 0, -1):
-        previous, k = forward[position][total][2]  # type: ignore[misc]
+        back = forward[position][total][2]
+        assert back is not None, "every total reached after a slot has a way back"
+        previous, k = back
         result.choice.append(k)
         total = previous
     result.choice.reverse()

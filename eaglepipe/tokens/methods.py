@@ -48,4 +48,4 @@ AMBIGUITY_FLAGS = (
 
 
 def flag_names(flags: int) -> list[str]:
-    return [flag.name.lower() for flag in Flag if flags & flag]  # type: ignore[union-attr]
+    return [name.lower() for name, flag in Flag.__members__.items() if flags & flag]

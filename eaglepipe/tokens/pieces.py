@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 Encode = Callable[[str], list[int]]
 
@@ -67,8 +68,9 @@ class Piece:
         self.text = text
         self.encode = encode
         self.ids = encode(text) if text else []
-        self._head: tuple[int, int] | None | bool = False  # (cut, token count up to it), None: no cut
-        self._tail: tuple[int, int] | None | bool = False
+        # (cut, token count up to it), None: no cut, False: not looked for yet
+        self._head: tuple[int, int] | None | Literal[False] = False
+        self._tail: tuple[int, int] | None | Literal[False] = False
         self._counts: dict[Edit, int] = {NO_EDIT: len(self.ids)}
 
     def count(self, edit: Edit) -> int:
@@ -132,7 +134,7 @@ class Piece:
                 head_ids = self.encode(self.text[: match.start()])
                 if self.ids[: len(head_ids)] == head_ids:
                     self._head = (match.start(), len(head_ids))
-        return self._head  # type: ignore[return-value]
+        return self._head
 
     def tail_cut(self) -> tuple[int, int] | None:
         """The last cut in the piece's closing window, checked against the piece's ids."""
@@ -145,4 +147,4 @@ class Piece:
                 tail_ids = self.encode(self.text[last.start() :])
                 if tail_ids and self.ids[len(self.ids) - len(tail_ids) :] == tail_ids:
                     self._tail = (last.start(), len(tail_ids))
-        return self._tail  # type: ignore[return-value]
+        return self._tail

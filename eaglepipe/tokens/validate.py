@@ -21,8 +21,8 @@ _CUT_OFF = re.compile(r"T?(?:S(?:BAE)*(?:B|BA|Z)?)?")
 @cache
 def _marker_texts(chat: ChatFormat) -> re.Pattern[str]:
     """Any special token's own text (`<|im_end|>`, `</think>`, `<|tool_call_begin|>`), longest first."""
-    texts = {chat.tokenizer.decode([token_id]) for token_id in chat.special_ids}
-    texts = sorted((t for t in texts if t.strip()), key=len, reverse=True)
+    distinct = {chat.tokenizer.decode([token_id]) for token_id in chat.special_ids}
+    texts = sorted((t for t in distinct if t.strip()), key=len, reverse=True)
     return re.compile("|".join(map(re.escape, texts))) if texts else re.compile(r"(?!)")
 
 

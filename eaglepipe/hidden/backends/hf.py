@@ -85,7 +85,7 @@ def capture_states(
 
         return hook
 
-    handles = [decoder.layers[i].register_forward_hook(keep(i)) for i in layers]
+    handles = [decoder.get_submodule(f"layers.{i}").register_forward_hook(keep(i)) for i in layers]
     try:
         out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     finally:
