@@ -96,7 +96,7 @@ def load_samples(refs: list[SampleRef]) -> list[TrainingSample]:
     by_shard: dict[Path, list[int]] = defaultdict(list)
     for i, ref in enumerate(refs):
         by_shard[ref.shard].append(i)
-    loaded: list[TrainingSample | None] = [None] * len(refs)
+    loaded: dict[int, TrainingSample] = {}
     for shard, indices in by_shard.items():
         with safe_open(str(shard), framework="pt") as tensors:
             stored = set(tensors.keys())  # safe_open supports no `in`
@@ -114,7 +114,7 @@ def load_samples(refs: list[SampleRef]) -> list[TrainingSample]:
                     input_ids=rows["input_ids"].long(),
                     loss_mask=rows["loss_mask"].bool(),
                 )
-    return loaded  # type: ignore[return-value]
+    return [loaded[i] for i in range(len(refs))]
 
 
 def _add_counts(total: Tensor, more: Tensor) -> Tensor:

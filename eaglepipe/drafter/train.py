@@ -261,7 +261,9 @@ class Snapshots:
             shutil.rmtree(self.staging, ignore_errors=True)
 
     def take(self, drafter: Eagle3Drafter, step: int, tokens_seen: int) -> None:
-        folder = self.staging / f"step-{step:07d}"
+        staging = self.staging
+        assert staging is not None  # `steps` lists none without a directory
+        folder = staging / f"step-{step:07d}"
         export_drafter(drafter, folder)
         record = {"step": step, "tokens_seen": tokens_seen, "fingerprint": self.fingerprint}
         write_json(folder / "snapshot.json", record)
@@ -366,7 +368,7 @@ def _fit(
         step = len(progress.losses)
         if step in snapshot_steps and ranks.rank == 0:
             snapshots.take(drafter, step, progress.tokens_seen)
-        if checkpoints.due(step, total_steps) and ranks.rank == 0:
+        if checkpoints.directory is not None and checkpoints.due(step, total_steps) and ranks.rank == 0:
             save_checkpoint(checkpoints.directory, {
                 "fingerprint": checkpoints.fingerprint,
                 "step": step,
@@ -400,7 +402,7 @@ class DataParallel:
         return cls()
 
     def average_gradients(
-        self, parameters: list[Tensor], loss: float, tokens: int, correct: Tensor, counted: Tensor
+        self, parameters: list[torch.nn.Parameter], loss: float, tokens: int, correct: Tensor, counted: Tensor
     ) -> tuple[float, int, Tensor, Tensor]:
         """Average the gradients over ranks in one all-reduce (what DDP does, without overlapping it with
         the backward pass); sum the step's figures. Returns (mean loss, tokens, correct, counted)."""
@@ -449,7 +451,7 @@ class Teacher:
         supervised = loss_mask & shift_left(loss_mask, 1, False)
         states = final[supervised].float()
         draft_logits = states @ self.draft_rows.T
-        in_draft = self.in_draft_by_key.get(key)
+        in_draft = self.in_draft_by_key.get(key) if key is not None else None
         if in_draft is None:
             in_draft = self._top_token_in_draft(states, draft_logits)
             if key is not None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import uvicorn
+from starlette.applications import Starlette
 
 from eaglepipe.emulator.app import Emulator, build_app, hide_injected_resets
 from eaglepipe.emulator.backend import PromptText, ReplyShape, TokenEngine, TokenText
@@ -181,7 +182,7 @@ def _allow_many_connections() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-async def _serve(app: object, sock: socket.socket, host: str, port_file: Path | None) -> None:
+async def _serve(app: Starlette, sock: socket.socket, host: str, port_file: Path | None) -> None:
     # Idle connections stay open 75 s (nginx's default) rather than uvicorn's 5 s: a client pool of
     # thousands otherwise reuses connections just as the server closes them, and sees read errors.
     config = uvicorn.Config(

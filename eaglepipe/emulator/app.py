@@ -426,7 +426,12 @@ class Emulator:
             raise
         if isinstance(response, _EventStream):  # the reservation lasts until the stream closes
             close = response.on_close
-            response.on_close = lambda: (close(), self.account.release(reserved))
+
+            def close_and_release() -> None:
+                close()
+                self.account.release(reserved)
+
+            response.on_close = close_and_release
         else:
             self.account.release(reserved)
         return response
@@ -491,7 +496,7 @@ class Emulator:
         content = None
         # GenerationContentData: what was asked, and the answer's text as generated
         if self.account.store_content:
-            error = {
+            error: dict[str, Any] = {
                 "status": None,
                 "message": "the answer ended in an error",
                 "provider_name": completion.endpoint.answer_name,

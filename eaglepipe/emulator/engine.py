@@ -204,7 +204,7 @@ class Engine:
         if top_logprobs is None:
             return GeneratedToken(token_id)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        top = ()
+        top: tuple[tuple[int, float], ...] = ()
         if top_logprobs > 0:
             values, ids = logprobs.topk(top_logprobs)
             top = tuple(zip(ids.tolist(), values.tolist(), strict=True))

@@ -272,6 +272,7 @@ class KimiReplies:
 
     def __init__(self, corpus: KimiCorpus) -> None:
         self.corpus = corpus
+        self.think_end = corpus.format.layout.sections().think_end
 
     def message(self, completion: Completion) -> dict[str, Any]:
         habits = completion.endpoint.habits
@@ -281,7 +282,7 @@ class KimiReplies:
         )
         completion.calls_tools = bool(reply.tool_calls)
         completion.reasoning_tokens = reasoning_tokens(
-            completion.completion_ids, self.corpus.format.layout.think_end, sample.thinking
+            completion.completion_ids, self.think_end, sample.thinking
         )
         return reply_message(reply, habits)
 
@@ -291,8 +292,7 @@ class KimiReplies:
         ids, stopped = served_ids(sample, generation.max_tokens)
         reply = _sample_reply(self.corpus.tokenizer, sample, ids, stopped, habits)
         completion.calls_tools = bool(reply.tool_calls)
-        think_end = self.corpus.format.layout.think_end
-        completion.reasoning_tokens = reasoning_tokens(ids, think_end, sample.thinking)
+        completion.reasoning_tokens = reasoning_tokens(ids, self.think_end, sample.thinking)
         return _PlannedDeltas(stream_deltas(reply, habits), len(ids))
 
     def returns_token_ids(self, endpoint: Endpoint) -> bool:

@@ -37,7 +37,7 @@ NON_CANONICAL = frozenset({"noncanonical_longer", "noncanonical_same_count"})
 LITERAL_SPECIALS = ("<|im_end|>", "<think>", "[EOS]", "<|im_user|>")
 EDGE_WHITESPACE = ("\n", "\n\n", " ", "\n  ")
 
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
@@ -251,7 +251,7 @@ def _sample(
     else:
         ids = ids[: rng.randrange(1, len(ids))] if len(ids) > 1 else ids
         hazards |= _cut_hazards(tokenizer, ids, markers)
-    prompt = {"messages": messages, **({"tools": tools} if tools else {})}
+    prompt: dict[str, Any] = {"messages": messages, **({"tools": tools} if tools else {})}
     prompt["id"] = hashlib.sha256(f"{index} {json.dumps(prompt, sort_keys=True)}".encode()).hexdigest()[:16]
     lengths = {
         f: len(chat_format.prompt_ids(messages, tools, thinking=thinking, tool_format=f))
@@ -347,7 +347,8 @@ def bytes_of_characters(tokenizer: TargetTokenizer, samples: list[TrueSample]) -
         for token_id in sample.ids:
             raw = b"" if tokenizer.is_special(token_id) else tokenizer.token_bytes(token_id)
             spelled = [single.get(raw[k : k + 1]) for k in range(len(raw))] if not raw.isascii() else []
-            ids += spelled if spelled and None not in spelled else [token_id]
+            ranks = [rank for rank in spelled if rank is not None]
+            ids += ranks if spelled and len(ranks) == len(spelled) else [token_id]
         if ids != sample.ids:
             spelled_samples.append(replace(sample, ids=ids, hazards=sample.hazards | {"bytes_of_characters"}))
     return spelled_samples

@@ -109,7 +109,7 @@ class EngineReply:
 
     def response(self) -> dict[str, Any]:
         """The `response` of a responses.jsonl record."""
-        body = {
+        body: dict[str, Any] = {
             "content": self.content,
             "reasoning": self.reasoning,
             "tool_calls": self.tool_calls,

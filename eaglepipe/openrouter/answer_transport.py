@@ -19,7 +19,7 @@ import ssl
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -123,6 +123,7 @@ class AnswerTransport(httpx.AsyncBaseTransport):
         timeouts = request.extensions.get("timeout") or {}
         url = request.url
         origin = (url.raw_scheme, url.raw_host, url.port or (443 if url.raw_scheme == b"https" else 80))
+        assert isinstance(request.stream, httpx.AsyncByteStream)  # as httpx's own async transports assert
         body = b"".join([part async for part in request.stream])
         connection = self._idle_connection(origin) or await self._connect(origin, timeouts.get("connect"))
         head = [request.method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
@@ -136,7 +137,8 @@ class AnswerTransport(httpx.AsyncBaseTransport):
         except BaseException:
             connection.close()
             raise
-        status, reason, headers = connection.head  # type: ignore[misc]
+        assert connection.head is not None  # what wait_for waited for
+        status, reason, headers = connection.head
         return httpx.Response(
             status,
             headers=headers,
@@ -272,7 +274,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.last_read = self._loop.time()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        # asyncio types every protocol's transport as a BaseTransport; a stream connection's is a Transport.
+        self._transport = cast(asyncio.Transport, transport)
 
     def send(self, data: bytes) -> None:
         """The request; the read timeout runs from here (not from the connect or the TLS handshake)."""
@@ -391,7 +394,8 @@ class _Connection(asyncio.BufferedProtocol):
     def _parse(self, data: bytes) -> bytes | None:
         """Consumes `data`; returns the body bytes it added (for the wake-up hints), keeps a partial
         line or head in `_pending`."""
-        position, size, added = 0, len(data), []
+        position, size = 0, len(data)
+        added: list[bytes] = []
         while position < size:
             state = self._state
             if state == _CHUNK_SIZE:

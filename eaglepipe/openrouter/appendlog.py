@@ -128,6 +128,8 @@ class AppendLog:
         """Writes what waits in the queue in one write (group commit), fsynced when any of it waits for
         that; a write error fails the waiting appends and is logged for lines nobody waits on. The close's
         `None` is the last item ever queued."""
+        loop = self._loop
+        assert loop is not None  # set in __aenter__, before this thread starts
         unsynced = closing = False
         while not closing:
             batch = [self._queue.get()]
@@ -149,7 +151,7 @@ class AppendLog:
                 error = failure
                 log.error("cannot write %s (%s)", self.path, failure.strerror)
             if waiting:
-                self._loop.call_soon_threadsafe(self._settle, waiting, error)  # type: ignore[union-attr]
+                loop.call_soon_threadsafe(self._settle, waiting, error)
 
     def _settle(self, waiting: list[asyncio.Future[None]], error: OSError | None) -> None:
         for written in waiting:

@@ -23,7 +23,8 @@ def rebuilt_answer(
     allowed_providers: frozenset[str],
 ) -> tuple[dict[str, Any] | None, str]:
     """(the journal record's answer fields, "") when the stored text is the whole answer, else (None, why)."""
-    output = content.get("output") if isinstance(content.get("output"), dict) else {}
+    stored = content.get("output")
+    output = stored if isinstance(stored, dict) else {}
     completion, reasoning = output.get("completion"), output.get("reasoning")
     provider = generation.get("provider")
     if prompt.get("tools"):

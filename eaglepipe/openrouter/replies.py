@@ -196,7 +196,8 @@ class _EventReader:
         return self._events(lines)
 
     def _events(self, lines: list[bytes]) -> list[bytes]:
-        payloads, data = [], self._data
+        payloads: list[bytes] = []
+        data = self._data
         for line in lines:
             if not line:
                 if data:
@@ -365,7 +366,7 @@ class _StreamedAnswer:
             return
         last = self.reasoning_details[-1] if self.reasoning_details else None
         continues = last is not None and "index" in item and last.get("index") == item.get("index")
-        if not (continues and last.get("type") == item.get("type")):
+        if last is None or not (continues and last.get("type") == item.get("type")):
             self.reasoning_details.append(dict(item))
             return
         for key in ("text", "summary", "data"):

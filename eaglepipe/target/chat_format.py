@@ -21,7 +21,7 @@ from eaglepipe.target import chatml, kimi_chat
 from eaglepipe.target.chat import render_prompt_ids
 from eaglepipe.target.kimi_tokenizer import MAX_RUN_CHARS
 from eaglepipe.target.kimi_tools import ToolDeclarationError, ToolFormat, declare_tools
-from eaglepipe.target.segments import Segment, encode_segments, segments_text
+from eaglepipe.target.segments import Segment, Text, encode_segments
 from eaglepipe.target.tokenizer import TargetTokenizer
 
 if TYPE_CHECKING:
@@ -86,6 +86,9 @@ class ChatFormat(Protocol):
     # True when a completion keeps reasoning, content and tool calls apart with special ids (Kimi); False
     # when it is one text then the stop id (ChatML).
     sectioned: bool
+
+    def __hash__(self) -> int:  # the token stage caches tables per format
+        ...
 
     @property
     def tokenizer(self) -> TargetTokenizer:
@@ -359,7 +362,10 @@ class TemplateChatFormat:
         segments = self.completion_segments(
             reasoning=None, content=content, tool_calls=tool_calls, truncated=True, thinking=False
         )
-        return segments_text(self.tokenizer, segments)  # all text: truncated, so no stop id
+        texts = [segment.text for segment in segments if isinstance(segment, Text)]
+        if len(texts) != len(segments):  # truncated: no stop id, and ChatML has no other special in a turn
+            raise ValueError("a ChatML answer rendered with a special token inside it")
+        return "".join(texts)
 
     def completion_segments(
         self,

@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from eaglepipe.target.tokenizer import TargetTokenizer
-
 TextKind = Literal[
     "role", "message", "tools", "tool_result", "reasoning", "content", "tool_call_id", "tool_arguments"
 ]

@@ -6,7 +6,7 @@ Two passes. The first reads every reply, checks any exact ids it carries and gat
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -206,12 +206,17 @@ class Rebuilder:
         history = tool_history(prompt["messages"])
         rejected = False
         for kind in (Method.SERVER_IDS, Method.LOGPROB_BYTES):
-            sent = reply.server_ids if kind is Method.SERVER_IDS else reply.logprob_bytes
-            if sent is None or (kind is Method.LOGPROB_BYTES and not sent):
-                continue
-            # Bytes that name no token are refused too: vLLM sends a token that is part of a character
-            # as what decoding it alone made of it (empty, or U+FFFD), not its own bytes.
-            ids = sent if kind is Method.SERVER_IDS else ids_from_bytes(self.chat, sent)
+            ids: Sequence[int] | None
+            if kind is Method.SERVER_IDS:
+                if reply.server_ids is None:
+                    continue
+                ids = reply.server_ids
+            else:
+                if not reply.logprob_bytes:
+                    continue
+                # Bytes that name no token are refused too: vLLM sends a token that is part of a character
+                # as what decoding it alone made of it (empty, or U+FFFD), not its own bytes.
+                ids = ids_from_bytes(self.chat, reply.logprob_bytes)
             exact = (
                 None
                 if ids is None
@@ -267,6 +272,7 @@ class Rebuilder:
         billed = reply.billed_completion
         stop_unbilled = int(not reply.truncated and not profile.stop_billed)
         if item.exact is not None:
+            assert item.exact_method is not None  # set with `exact`
             ids, method = item.exact.ids, item.exact_method
             diff = len(ids) - stop_unbilled - billed if billed is not None else 0
         else:
@@ -285,7 +291,7 @@ class Rebuilder:
             prompt_ids,
             ids,
             method,
-            flags,  # type: ignore[arg-type]
+            flags,
             reply.billed_prompt,
             billed,
             diff,
@@ -312,7 +318,7 @@ class Rebuilder:
         if ids is None:
             raise TokensError(f"{where}: prompt {reply.prompt_id}: {failures[0]}")
         lengths = {used: len(ids)}
-        if others:
+        if tools and others:  # (others are only looked for with tools)
             lengths |= chat_format.other_tool_format_lengths(tools, used, len(ids))
         billed = reply.billed_prompt
         flags = Flag(0)

@@ -82,14 +82,14 @@ class TikTokenTokenizer(PreTrainedTokenizer):
     def get_vocab(self) -> dict[str, int]:
         return dict(self.id_of)
 
-    def encode(self, text: str, **kwargs: Any) -> list[int]:  # type: ignore[override]
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
         if kwargs:
             return super().encode(text, **kwargs)
         return self.kimi.encode_with_specials(text)
 
-    def decode(self, token_ids: Any, **kwargs: Any) -> str:  # type: ignore[override]
-        if kwargs:
-            return super().decode(token_ids, **kwargs)
+    def decode(self, token_ids: Any, *args: Any, **kwargs: Any) -> str | list[str]:
+        if args or kwargs:
+            return super().decode(token_ids, *args, **kwargs)
         return self.kimi.decode([token_ids] if isinstance(token_ids, int) else list(token_ids))
 
     def _tokenize(self, text: str, **kwargs: Any) -> list[str]:

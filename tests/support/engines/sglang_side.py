@@ -33,7 +33,7 @@ PROMPT_OFFSET = 5  # schedule_batch.py: INIT_INCREMENTAL_DETOKENIZATION_OFFSET
 NON_STREAM_INTERVAL = 50  # output_streamer.py: a non-streamed request's ids reach the detokenizer this often
 # Modules the detokenizer's module imports at its top but its decoding never uses, which cannot be
 # imported without a GPU build (torchvision, setproctitle, the server's arguments).
-_IMPORT_ONLY = {
+_IMPORT_ONLY: dict[str, dict[str, Any]] = {
     "setproctitle": {"setproctitle": lambda *args: None},
     "sglang.srt.managers.io_struct": {
         name: type(name, (), {})
