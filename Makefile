@@ -67,7 +67,7 @@ demo: install
 	$(BIN)/snakemake --workflow-profile profiles/local
 
 test: install cluster-plugins browser vllm-env sglang-env typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=15
 
 # The inner loop: everything but the end-to-end, Slurm, real-vLLM and SGLang tests, two workers (one per
 # core here; most tests wait on a subprocess or a loopback server part of the time), under two minutes.
