@@ -535,6 +535,7 @@ def test_evaluate_reports_every_method(trained, model_dir, target):
         evaluate(trained[0], model_dir, prompts, dataclasses.replace(eval_settings(), topk=2))
 
 
+@pytest.mark.slow
 def test_learning_curve_measures_the_kept_drafters_as_evaluate_does(manifest, model_dir, target, tmp_path):
     """Drafters kept at evenly spaced steps; the curve's last point is the final drafter, measured exactly as
     eval.json measures it, after an untrained point at 0 tokens; prompt lookup beside them."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -34,6 +36,7 @@ def test_dry_run_plans_the_real_run_without_a_key(tmp_path):
     assert "resources/prompts/B5.jsonl" in run.stdout and not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_one_sets_hidden_states_plan_only_that_chain(tmp_path):
     run = snakemake(tmp_path, "-n", "results/B5/hidden.done")
     assert run.returncode == 0, run.stderr[-2000:]
@@ -42,6 +45,7 @@ def test_one_sets_hidden_states_plan_only_that_chain(tmp_path):
     assert not re.search(r"B[1-46-8]\b", run.stdout)
 
 
+@pytest.mark.slow
 def test_a_real_run_without_a_key_stops_before_any_job(tmp_path):
     run = snakemake(tmp_path, "--cores", "1", "results/B5/responses.jsonl")
     assert run.returncode != 0

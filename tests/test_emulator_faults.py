@@ -117,6 +117,7 @@ def streamed_outcome(http: httpx.Client) -> tuple[str, dict | None]:
     return ("stall" if stalled else "none"), usage_chunk
 
 
+@pytest.mark.slow
 def test_every_fault_kind_reaches_a_raw_client_and_is_counted(faulty: tuple[str, Path]) -> None:
     url, log = faulty
     with httpx.Client(base_url=url) as http:

@@ -179,6 +179,7 @@ def test_bills_written_behind_and_lost_in_a_kill_are_charged_from_the_journal(
 DELAY_S = 4.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [True, False])
 def test_cutoffs_still_unknown_at_the_end_are_settled_by_the_next_start(tmp_path: Path, stream: bool) -> None:
     """A cut connection whose answer the provider runs out and bills, with `/generation` answering 404
@@ -239,7 +240,7 @@ def test_a_drifted_display_name_stops_the_run_resumable_with_every_discard_charg
     assert not leaks and SECRET not in json.dumps(summary.to_json())
 
 
-@pytest.mark.parametrize("when", ["at_the_end", "at_the_next_start"])
+@pytest.mark.parametrize("when", ["at_the_end", pytest.param("at_the_next_start", marks=pytest.mark.slow)])
 def test_stored_content_of_cut_answers_is_journaled_and_not_bought_again(tmp_path: Path, when: str) -> None:
     """Every stream is cut and the provider bills each whole answer; the account stores content. Each
     prompt's answer is rebuilt from `/generation/content`, flagged, and not bought again, except the one

@@ -13,6 +13,9 @@ from tiny_run import planned_jobs, snakemake
 
 from eaglepipe.emulator.runner import running_emulator
 
+# A whole set through Snakemake, then dry runs: CI runs it (make test), the inner loop does not.
+pytestmark = pytest.mark.slow
+
 MODEL = "moonshotai/kimi-k2.5"
 
 

@@ -192,6 +192,7 @@ def test_progress_redraws_on_a_terminal_and_prints_plain_lines_in_a_log() -> Non
     assert log.getvalue() == "a\nend\n"
 
 
+@pytest.mark.slow
 def test_a_balance_sized_in_flight_budget_is_waited_out_at_high_concurrency(tmp_path: Path) -> None:
     """The seeds' first second, scaled down: 200 workers whose worst case (4,096 tokens at up to $2.8/M,
     about $0.0115 each) would reserve ~$2.3, against an in-flight budget of $0.04 (a handful of requests).

@@ -12,6 +12,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from tiny_run import (
     PROMPTS,
@@ -60,6 +61,7 @@ def test_profiles_ask_what_the_issue_and_the_plugins_require():
     assert "envvars" not in kubernetes
 
 
+@pytest.mark.slow
 def test_the_real_config_through_the_slurm_profile_asks_gpus_memory_and_runtime_per_rule(tmp_path: Path):
     config = tmp_path / "gpu-model.yaml"
     config.write_text(yaml.safe_dump({"cluster": {"gpu_model": "h100", "hidden": {"mem_mb": 1_500_000}}}))
@@ -83,6 +85,7 @@ def test_the_real_config_through_the_slurm_profile_asks_gpus_memory_and_runtime_
     assert all("gpu_model" not in r for r in job_resources(run, "tokens"))
 
 
+@pytest.mark.slow
 def test_the_kubernetes_profile_plans_a_run_through_its_storage_layout(model_dir: Path, tmp_path: Path):
     (tmp_path / "sources").mkdir()
     for ds, texts in PROMPTS.items():

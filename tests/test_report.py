@@ -108,6 +108,7 @@ def test_outputs_say_what_they_are(tiny_pipeline):
     assert "max_tokens (12)" in summary["notes"]["truncated"]
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_named_with_its_log(tmp_path, model_dir):
     (tmp_path / "sources").mkdir()
     write_prompts(tmp_path, "tiny-a", PROMPTS["tiny-a"])
