@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -122,3 +123,10 @@ def validate_config(config: dict[str, Any], schema_path: Path) -> dict[str, Any]
 
 def is_local_api(config: dict[str, Any]) -> bool:
     return config["api"]["base_url"] == "local"
+
+
+def section_fields(settings: type, section: Mapping[str, Any]) -> dict[str, Any]:
+    """The validated section's values for the settings dataclass's fields of the same name: keys that are
+    no field are left out, and a field that is no config key keeps its own default."""
+    names = {field.name for field in dataclasses.fields(settings) if field.init}
+    return {key: value for key, value in section.items() if key in names}

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from eaglepipe.config import section_fields
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.export import load_exported
 from eaglepipe.drafter.model import DraftCache, Eagle3Drafter
@@ -48,16 +49,8 @@ class EvalSettings:
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> EvalSettings:
-        """From the validated config's `eval` section."""
-        return cls(
-            num_steps=section["num_steps"],
-            topk=section["topk"],
-            num_draft_tokens=section["num_draft_tokens"],
-            max_new_tokens=section["max_new_tokens"],
-            batch_size=section["batch_size"],
-            device=section["device"],
-            dtype=section["dtype"],
-        )
+        """From the validated config's `eval` section (its held-out prompts are training's)."""
+        return cls(**section_fields(cls, section))
 
 
 class Proposer(Protocol):

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from eaglepipe.config import section_fields
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.checkpoint import (
     load_checkpoint,
@@ -72,23 +73,7 @@ class TrainSettings:
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> TrainSettings:
         """From the validated config's `drafter` section (the keys the rule passes; others are ignored)."""
-        return cls(
-            draft_vocab_size=section["draft_vocab_size"],
-            ttt_length=section["ttt_length"],
-            lr=section["lr"],
-            epochs=section["epochs"],
-            max_steps=section["max_steps"],
-            batch_tokens=section["batch_tokens"],
-            max_seq_len=section["max_seq_len"],
-            warmup_ratio=section["warmup_ratio"],
-            seed=section["seed"],
-            dtype=section["dtype"],
-            device=section["device"],
-            checkpoint_every=section["checkpoint_every"],
-            batches_per_step=section["batches_per_step"],
-            set_weights=section["set_weights"],
-            curve_points=section["curve_points"],
-        )
+        return cls(**section_fields(cls, section))
 
     def __post_init__(self) -> None:
         positive = (
