@@ -77,6 +77,14 @@ def source_inputs(wildcards):
 GENERATION_FINGERPRINT = config_fingerprint(config)
 
 
+def generation_settings_input(wildcards):
+    """The generate job's settings file, ancient; none for a set answered before that file existed (or
+    brought in), so the set still counts as done: a missing input would rerun it, and so buy it again."""
+    if LAYOUT.responses(wildcards.ds).is_file() and not LAYOUT.generation_settings.is_file():
+        return []
+    return ancient(LAYOUT.generation_settings)
+
+
 # The spend plan, on stderr while parsing, so `snakemake -n` shows it and a real run shows it before it
 # spends (parse time cannot tell the two apart). Jobs that Snakemake re-parses the workflow for
 # (`--mode subprocess` / `remote`) skip it.

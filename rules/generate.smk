@@ -56,7 +56,7 @@ rule generate:
         # ancient: refreshing the endpoint list alone must not re-buy responses.
         providers=ancient(LAYOUT.providers),
         # ancient: operational settings (concurrency, retries, ...) must not rerun a finished set either.
-        settings=ancient(LAYOUT.generation_settings),
+        settings=generation_settings_input,
         model=embedded_target() if LOCAL_API else [],
     output:
         responses=LAYOUT.responses(),
@@ -64,6 +64,8 @@ rule generate:
         # Only what changes the responses or completes a set belongs here: a change reruns the (paid) job,
         # which then resumes from the journal. Everything else comes from the settings input.
         fingerprint=GENERATION_FINGERPRINT,
+        # Read from here, so that a set answered before the file existed can run without it as an input.
+        settings=str(LAYOUT.generation_settings),
         # The answer-shaping config the fingerprint hashes (eaglepipe.openrouter.settings.request_params).
         request=request_params(config),
         output_token_budget=config["budget"]["output_tokens_per_dataset"],

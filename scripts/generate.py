@@ -7,7 +7,7 @@ from eaglepipe.openrouter.stage import JobSettings, run_generation
 
 with snakemake_job(snakemake):
     run_generation(
-        JobSettings.from_params(snakemake.params.request, Path(snakemake.input.settings)),
+        JobSettings.from_params(snakemake.params.request, Path(snakemake.params.settings)),
         prompts_path=Path(snakemake.input.prompts),
         providers_path=Path(snakemake.input.providers),
         responses_path=Path(snakemake.output.responses),

@@ -104,6 +104,11 @@ class JobSettings:
 
     @classmethod
     def from_params(cls, request: dict[str, Any], settings_path: Path) -> JobSettings:
+        if not settings_path.is_file():
+            raise OpenRouterError(
+                f"{settings_path} is missing (a set answered before it existed is rerun): write it with "
+                "`snakemake generation_settings`, then rerun"
+            )
         operational = json.loads(settings_path.read_text())
         return cls(
             api=ApiSettings.from_params(request, operational),
