@@ -125,6 +125,21 @@ def is_local_api(config: dict[str, Any]) -> bool:
     return config["api"]["base_url"] == "local"
 
 
+ANSWER_SOURCES = ("openrouter", "engine", "import")
+
+
+def answer_source(config: dict[str, Any], dataset: str) -> str:
+    """Where the set's answers come from: its entry in `answers.sets`, else the run-wide `answers.source`."""
+    answers = config["answers"]
+    entry = answers["sets"].get(dataset)
+    return str(entry["source"]) if entry else str(answers["source"])
+
+
+def sets_answered_by(config: dict[str, Any], source: str, datasets: list[str]) -> list[str]:
+    """The sets of `datasets` whose answers come from `source` (one of ANSWER_SOURCES), in order."""
+    return [ds for ds in datasets if answer_source(config, ds) == source]
+
+
 def section_fields(settings: type, section: Mapping[str, Any]) -> dict[str, Any]:
     """The validated section's values for the settings dataclass's fields of the same name: keys that are
     no field are left out, and a field that is no config key keeps its own default."""

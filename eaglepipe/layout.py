@@ -41,6 +41,12 @@ class RunLayout:
         return self.results / ".ledger"
 
     @property
+    def engine_ledger(self) -> Path:
+        """The ledger of the sets the team's own engine answers: its own, so they split the engine's
+        concurrency among themselves and take nothing from bought sets' share (and book no dollars)."""
+        return self.results / ".engine-ledger"
+
+    @property
     def drafter(self) -> Path:
         """The exported drafter's directory (`config.json` + `model.safetensors`, as engines load it)."""
         return self.results / "drafter"

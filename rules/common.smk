@@ -4,11 +4,11 @@ import re
 import sys
 from pathlib import Path
 
-from eaglepipe.config import ConfigError, is_local_api, validate_config
+from eaglepipe.config import ConfigError, is_local_api, sets_answered_by, validate_config
 from eaglepipe.figures import FIGURES
 from eaglepipe.layout import RunLayout
-from eaglepipe.openrouter.fingerprint import config_fingerprint
-from eaglepipe.openrouter.settings import operational_params, request_params
+from eaglepipe.openrouter.fingerprint import config_fingerprint, engine_fingerprint
+from eaglepipe.openrouter.settings import engine_request_params, operational_params, request_params
 from eaglepipe.target.tiny import TEACHER_FILES, TINY_TARGETS
 
 try:
@@ -52,8 +52,30 @@ def figure(stem):
     )
 
 
+def sets_pattern(sets):
+    """A `ds` wildcard constraint matching exactly these sets (none: nothing)."""
+    return "|".join(map(re.escape, sets)) if sets else "(?!)"
+
+
 wildcard_constraints:
-    ds="|".join(map(re.escape, DATASETS)) if DATASETS else "(?!)",
+    ds=sets_pattern(DATASETS),
+
+
+# Where each set's answers come from (`answers`): one generation rule per source, each constrained to its
+# sets, so a set's rule and inputs show in its plan.
+BOUGHT_SETS = sets_answered_by(config, "openrouter", DATASETS)
+ENGINE_SETS = sets_answered_by(config, "engine", DATASETS)
+IMPORTED_SETS = sets_answered_by(config, "import", DATASETS)
+
+
+def imported_answers(wildcards):
+    """The file an imported set's answers are read from (editing it reruns the set)."""
+    return config["answers"]["sets"][wildcards.ds]["path"]
+
+
+def engine_gpus():
+    """GPUs an engine job asks for: those of the server it starts; none when one is already running."""
+    return 0 if config["engine"]["base_url"] else config["engine"]["gpus"]
 
 
 def embedded_target():
@@ -75,6 +97,7 @@ def source_inputs(wildcards):
 
 
 GENERATION_FINGERPRINT = config_fingerprint(config)
+ENGINE_FINGERPRINT = engine_fingerprint(config)
 
 
 def generation_settings_input(wildcards):

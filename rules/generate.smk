@@ -32,7 +32,6 @@ rule providers:
     params:
         model=config["api"]["model"],
         base_url=config["api"]["base_url"],
-        self_hosted=config["api"]["self_hosted"],
         routing=config["routing"],
         max_tokens=config["generation"]["max_tokens"],
         # How the job reaches the server; the key file's path, never the key.
@@ -51,6 +50,8 @@ rule providers:
 
 
 rule generate:
+    wildcard_constraints:
+        ds=sets_pattern(BOUGHT_SETS),
     input:
         prompts=LAYOUT.prompt_set(),
         # ancient: refreshing the endpoint list alone must not re-buy responses.
@@ -91,3 +92,41 @@ rule generate:
         "../envs/pipeline.yaml"
     script:
         "../scripts/generate.py"
+
+
+# A set answered by the team's own vLLM or SGLang server (`answers`, `engine`): the same client, journal and
+# resume as a bought set; the job starts the server on the target with its GPUs unless engine.base_url names
+# a running one, and every answer keeps the ids the engine produced.
+rule generate_engine:
+    wildcard_constraints:
+        ds=sets_pattern(ENGINE_SETS),
+    input:
+        prompts=LAYOUT.prompt_set(),
+        settings=generation_settings_input,
+        model=embedded_target(),
+    output:
+        responses=LAYOUT.responses(),
+    params:
+        fingerprint=ENGINE_FINGERPRINT,
+        settings=str(LAYOUT.generation_settings),
+        request=engine_request_params(config),
+        output_token_budget=config["budget"]["output_tokens_per_dataset"],
+        max_failed_fraction=config["generation"]["max_failed_fraction"],
+        journal=str(LAYOUT.journal()),
+        summary=str(LAYOUT.responses_summary()),
+        ledger=str(LAYOUT.engine_ledger),
+    log:
+        job=LAYOUT.log("generate/{ds}.log"),
+        engine=LAYOUT.log("generate/{ds}.engine.log"),
+    # A local engine's threads: a running server's job needs one, a started one the node's CPUs.
+    threads: 1 if config["engine"]["base_url"] else CLUSTER["generate_engine"]["cpus"]
+    resources:
+        gpu=engine_gpus(),
+        **gpu_model(engine_gpus()),
+        mem_mb=CLUSTER["generate_engine"]["mem_mb"],
+        runtime=CLUSTER["generate_engine"]["runtime_min"],
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/generate_engine.py"
+

@@ -13,7 +13,6 @@ with snakemake_job(snakemake):
         api=ApiSettings(
             model=params.model,
             base_url=params.base_url,
-            self_hosted=params.self_hosted,
             key_file=params.key_file,
             key_file_env=params.key_file_env,
             emulator_text_like=params.emulator_text_like,

@@ -1,5 +1,6 @@
-"""The generation client in-process against the synthetic emulator on loopback: the key's own limit,
-self-hosted servers, the progress line and the per-provider accounts."""
+"""The generation client in-process against the synthetic emulator on loopback: the key's own limit, an
+engine set (the emulator standing in for the team's server), the progress line and the per-provider
+accounts."""
 
 from __future__ import annotations
 
@@ -14,19 +15,14 @@ import httpx
 import pytest
 from stage_settings import default_config, generation_settings
 
+from eaglepipe.answers.engine_stage import run_engine_generation
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.client import GenerationSummary, generate_set
 from eaglepipe.openrouter.console import ProgressLine
-from eaglepipe.openrouter.fingerprint import config_fingerprint
+from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.ledger import read_ledger
-from eaglepipe.openrouter.settings import ApiSettings, operational_params, request_params
-from eaglepipe.openrouter.stage import (
-    JobSettings,
-    routing_policy,
-    run_generation,
-    write_job_settings,
-    write_providers,
-)
+from eaglepipe.openrouter.settings import engine_request_params, operational_params
+from eaglepipe.openrouter.stage import write_job_settings
 
 MODEL = "moonshotai/kimi-k2.5"
 
@@ -109,72 +105,46 @@ def test_summary_accounts_per_provider_and_reconciles_with_the_key(
     assert read_ledger(tmp_path / "results" / ".ledger").usd == pytest.approx(summary.dollars)
 
 
-def test_a_self_hosted_server_gets_no_routing_and_keeps_its_token_ids(
+def test_an_engine_set_gets_no_routing_no_key_no_dollars_and_keeps_its_token_ids(
     synthetic_url: str, tmp_path: Path
 ) -> None:
     config = default_config(
-        api={
-            "base_url": synthetic_url,
-            "model": MODEL,
-            "self_hosted": True,
-            "key_file": None,
-            "key_file_env": "EAGLEPIPE_TEST_NO_SUCH_VARIABLE",
-        },
-        routing={
-            "quantizations": ["int4"],
-            "ignore": [],
-            "only": [],
-            "min_uptime": None,
-            "require_parameters": [],
-        },
-        generation={
-            "max_tokens": 64,
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "seed": None,
-            "reasoning": None,
-            "concurrency": 4,
-            "max_attempts": 2,
-            "request_timeout_s": 60,
-            "stream": True,
-            "return_token_ids": True,
-            "logprobs": False,
-            "probe_answers": 20,  # no tokenizer at target.path: the job says so and buys without the probe
-            "breaker_strikes": 5,
-            "breaker_share": 0.2,
-        },
+        api={"model": MODEL, "key_file_env": "EAGLEPIPE_TEST_NO_SUCH_VARIABLE"},
+        answers={"source": "engine"},
+        engine={"base_url": synthetic_url, "model": MODEL},
+        generation={"max_tokens": 64, "concurrency": 4, "max_attempts": 2, "request_timeout_s": 60,
+                    "probe_answers": 20},  # no tokenizer at target.path: the job says so, goes on without
         target={"name": "t", "path": str(tmp_path / "none")},
     )
     results = tmp_path / "results"
-    api = ApiSettings.from_sections(config["api"], config["target"]["path"])
-    routing = routing_policy(config["routing"], config["generation"]["max_tokens"])
-    write_providers(results / "providers.json", api=api, routing=routing)
-    assert json.loads((results / "providers.json").read_text())["self_hosted"] is True
     settings_file = results / "generation_settings.json"
     write_job_settings(settings_file, operational_params(config))
-    fingerprint = config_fingerprint(config)
     prompt_file = results / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps(p) + "\n" for p in prompts(4)))
-    summary = run_generation(
-        JobSettings.from_params(request_params(config), settings_file),
+    summary = run_engine_generation(
+        engine_request_params(config),
+        settings_file,
         prompts_path=prompt_file,
-        providers_path=results / "providers.json",
         responses_path=results / "s" / "responses.jsonl",
         summary_path=results / "s" / "summary.json",
         journal_dir=results / "s" / ".journal",
-        ledger_dir=results / ".ledger",
+        ledger_dir=results / ".engine-ledger",
         dataset="s",
-        fingerprint=fingerprint,
+        fingerprint=engine_fingerprint(config),
         output_token_budget=10_000,
-        usd_budget=10.0,
         max_failed_fraction=0.0,
+        engine_log=results / "engine.log",
     )
-    assert summary.done == 4
+    assert summary.done == 4 and summary.dollars == 0
     for line in (results / "s" / "responses.jsonl").read_text().splitlines():
         record = json.loads(line)
-        assert "provider" not in record["request"]
+        assert record["source"] == "engine"
+        assert "provider" not in record["request"] and record["request"]["return_token_ids"] is True
+        assert record["usage"]["cost"] == 0
         billed = record["usage"]["completion_tokens"]  # the stop token is billed on some endpoints only
         assert len(record["response"]["token_ids"]) in {billed, billed - 1}
+    assert read_ledger(results / ".engine-ledger").usd == 0
+    assert not (results / ".ledger").exists()
 
 
 def test_progress_redraws_on_a_terminal_and_prints_plain_lines_in_a_log() -> None:

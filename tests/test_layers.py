@@ -12,12 +12,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eaglepipe"
 # Lowest first: the ground floor, the target's facts and the prompts, then the stages in pipeline order
 # (the emulator is generation's stand-in API), then what looks over the whole run.
 LAYERS = [
-    ["eaglepipe", "eaglepipe.io", "eaglepipe.progress", "eaglepipe.config", "eaglepipe.layout"],
+    ["eaglepipe", "eaglepipe.io", "eaglepipe.progress", "eaglepipe.config", "eaglepipe.layout",
+     "eaglepipe.processes"],
     ["eaglepipe.envs"],
     ["eaglepipe.target", "eaglepipe.prompts"],
     ["eaglepipe.tokens"],
     ["eaglepipe.emulator"],
     ["eaglepipe.openrouter"],
+    ["eaglepipe.answers"],
     ["eaglepipe.hidden"],
     ["eaglepipe.drafter"],
     ["eaglepipe.plan", "eaglepipe.figures"],

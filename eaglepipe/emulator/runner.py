@@ -7,9 +7,6 @@ HTTP) and that never outlives them, even when they are interrupted or killed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,39 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from eaglepipe.emulator.errors import EmulatorError
-
-_PR_SET_PDEATHSIG = 1
-_GRACE_S = 5.0
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: the kernel sends SIGTERM when the parent dies (Linux only)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the whole process group, SIGKILL if it is still there after a grace period."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(_GRACE_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)  # anything the server itself started
-
-
-def _last_line(log_path: Path) -> str:
-    """The log's last non-blank line: for a startup failure, the error that ended it."""
-    try:
-        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "no log"
-    return lines[-1].strip() if lines else "empty log"
+from eaglepipe.processes import die_with_parent, last_log_line, stop_process_group
 
 
 @contextlib.contextmanager
@@ -94,7 +59,7 @@ def running_server(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         try:
             deadline = time.monotonic() + startup_timeout_s
@@ -102,7 +67,7 @@ def running_server(
                 if process.poll() is not None:
                     raise EmulatorError(
                         f"{name} exited with status {process.returncode} during startup "
-                        f"({_last_line(log_path)}): see {log_path}"
+                        f"({last_log_line(log_path)}): see {log_path}"
                     )
                 if time.monotonic() > deadline:
                     raise EmulatorError(
@@ -111,4 +76,4 @@ def running_server(
                 time.sleep(0.05)
             yield f"http://127.0.0.1:{int(port_file.read_text())}/api/v1"
         finally:
-            _stop(process)
+            stop_process_group(process)

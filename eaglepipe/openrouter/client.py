@@ -179,7 +179,7 @@ async def generate_set(
             heartbeat.remove()
         for record in await _recover(run, at_end=True):
             run.count_recovered(record)
-        key = await check_key(http)
+        key = await check_key(http) if settings.paid else None
         run.summary.key_usage_end = key.usage if key else None
     run.finish()
     if settings.progress:
@@ -331,12 +331,15 @@ class _Run:
         # What OpenRouter holds against the balance for the requests in flight (its in-flight budget).
         reserved = admission.in_flight * self.settings.expected_request_usd
         note = admission.first_wave_note
+        if self.settings.paid:
+            dollars = f"${spent:.2f} spent by the run (projected ${projected:.2f}), "
+            in_flight = f"(limit {admission.limit.current}, ${reserved:.2f} reserved at worst case)"
+        else:
+            dollars, in_flight = "", f"(limit {admission.limit.current})"
         return (
             f"{self.dataset}: {summary.done}/{summary.requested} done, "
-            f"{tally.tokens_this_run / elapsed:.0f} tok/s, "
-            f"${spent:.2f} spent by the run (projected ${projected:.2f}), {admission.in_flight} in flight "
-            f"(limit {admission.limit.current}, ${reserved:.2f} reserved at worst case), errors {errors}, "
-            f"ETA {format_eta(eta)}" + (f", {note}" if note else "")
+            f"{tally.tokens_this_run / elapsed:.0f} tok/s, {dollars}{admission.in_flight} in flight "
+            f"{in_flight}, errors {errors}, ETA {format_eta(eta)}" + (f", {note}" if note else "")
         )
 
 
@@ -521,6 +524,8 @@ async def _check_key(run: _Run) -> KeyState | None:
     """A key whose own limit is spent stops the run, as OpenRouter's 403 openrouter_key_limit would, even
     before any request says so. None: the key's state is unknown (no `/key`, or it failed this time)."""
     assert run.http is not None
+    if not run.settings.paid:
+        return None
     key = await check_key(run.http)
     if key is None:
         return None
@@ -574,7 +579,8 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
     async def started(generation_id: str) -> None:
         this_attempt.add(generation_id)
         run.admission.live_ids.add(generation_id)
-        await ledger.started(prompt["id"], generation_id, settings.fingerprint)
+        if settings.paid:  # an unpaid request has nothing for `/generation` to settle after a kill
+            await ledger.started(prompt["id"], generation_id, settings.fingerprint)
 
     attempt = failed_attempts = throttled = 0
     while True:
@@ -607,11 +613,15 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
                 None, f"no complete answer within {settings.request_timeout_s:g} s", error_class="timeout"
             )
         else:
+            if not settings.paid:
+                reply["usage"] = {**(reply.get("usage") or {}), "cost": 0.0}
             record = {
                 "prompt_id": prompt["id"],
+                "source": settings.source,
                 "fingerprint": settings.fingerprint,
                 "request": request,
                 **reply,
+                "provider": reply.get("provider") or settings.server_name,
                 "latency_s": round(time.monotonic() - began, 3),
                 "attempts": attempt,
             }

@@ -59,3 +59,18 @@ def config_fingerprint(config: dict[str, Any]) -> str:
             **({"logprobs": True} if gen["logprobs"] else {}),
         },
     )
+
+
+def engine_fingerprint(config: dict[str, Any]) -> str:
+    """The fingerprint of an engine set's requests: the target and the engine serving it, not the URL
+    (a started server's port changes every run) nor the routing (an engine has none)."""
+    gen = config["generation"]
+    return request_fingerprint(
+        model=config["target"]["name"],
+        base_url=f"engine:{config['engine']['server']}",
+        provider_obj=None,
+        sampling={"temperature": gen["temperature"], "top_p": gen["top_p"], "seed": gen["seed"]},
+        max_tokens=gen["max_tokens"],
+        reasoning=gen["reasoning"],
+        response_options={"token_ids": "engine"},
+    )

@@ -7,7 +7,7 @@ have none here, so a default can no longer drift from the schema. What has a def
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from eaglepipe.openrouter.errors import OpenRouterError
@@ -42,11 +42,23 @@ def request_params(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def engine_request_params(config: dict[str, Any]) -> dict[str, Any]:
+    """What shapes an engine set's answers, as the generate_engine rule's param: the engine and the target it
+    serves, and the sampling (token ids are always asked for, so those options do not apply)."""
+    return {
+        "server": config["engine"]["server"],
+        "target": config["target"]["name"],
+        "generation": {key: config["generation"][key] for key in ("max_tokens", "temperature", "top_p",
+                                                                  "seed", "reasoning")},
+    }
+
+
 def operational_params(config: dict[str, Any]) -> dict[str, Any]:
-    """How a generate job runs and reaches its server, as the generation_settings rule's param."""
+    """How a generation job runs and reaches its server, as the generation_settings rule's param (an engine
+    set's server included: where it runs, or how the job starts one)."""
     api = config["api"]
     return {
-        "self_hosted": api["self_hosted"],
+        "engine": config["engine"],
         "key_file": api["key_file"],
         "key_file_env": api["key_file_env"],
         "target_path": config["target"]["path"],
@@ -99,6 +111,14 @@ class GenerationSettings:
     progress: bool = True
     # The server is the project's emulator (api.base_url: local): its providers and dollars are simulated.
     emulated: bool = False
+    # Where the answers come from (each record's `source`), and whether they are bought: an engine of the
+    # team's own has no key to check, no price and nothing to look up in `/generation`.
+    source: str = "openrouter"
+    paid: bool = True
+    # The `provider` recorded for an answer whose server names none (an engine: "vllm", "sglang").
+    server_name: str | None = None
+    # What a request adds to get the server's ids back in its own form (see eaglepipe/answers/engine.py).
+    extra_request_fields: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_sections(
@@ -176,6 +196,7 @@ class GenerationSettings:
             fields["return_token_ids"] = True
         if self.logprobs:
             fields.update(logprobs=True, top_logprobs=0)
+        fields.update(self.extra_request_fields)
         return fields
 
 
@@ -191,7 +212,6 @@ class ApiSettings:
 
     model: str
     base_url: str
-    self_hosted: bool
     key_file: str | None
     key_file_env: str
     emulator_text_like: str
@@ -204,7 +224,7 @@ class ApiSettings:
     @classmethod
     def from_params(cls, request: dict[str, Any], operational: dict[str, Any]) -> ApiSettings:
         """From `request_params` and `operational_params` as a generate job receives them."""
-        fields = ("self_hosted", "key_file", "key_file_env", "target_path")
+        fields = ("key_file", "key_file_env", "target_path")
         return cls(
             model=request["model"],
             base_url=request["base_url"],

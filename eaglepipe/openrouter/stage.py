@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.config import is_local_api
+from eaglepipe.config import is_local_api, sets_answered_by
 from eaglepipe.io import write_json
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.client import GenerationSummary
@@ -41,7 +40,7 @@ def api_connection(
 ) -> Iterator[tuple[str, ApiKey | None]]:
     """(base URL, key) for this job; the local emulator lives exactly as long as the `with` block."""
     if not api.local:
-        yield api.base_url, _api_key(api)
+        yield api.base_url, read_api_key(api.key_file, api.key_file_env)
         return
     from eaglepipe.emulator.runner import running_emulator
 
@@ -60,31 +59,9 @@ def api_connection(
         yield base_url, None
 
 
-def _api_key(api: ApiSettings) -> ApiKey | None:
-    """A self-hosted server may need no key: it gets one only when a key file is configured."""
-    if api.self_hosted and not (api.key_file or os.environ.get(api.key_file_env)):
-        return None
-    return read_api_key(api.key_file, api.key_file_env)
-
-
 def write_providers(
     out_path: Path, *, api: ApiSettings, routing: RoutingPolicy, emulator_log: Path | None = None
 ) -> None:
-    """A self-hosted server is its own only endpoint: nothing to list or route, so nothing is asked."""
-    if api.self_hosted:
-        write_json(
-            out_path,
-            {
-                "model": api.model,
-                "source": api.base_url,
-                "self_hosted": True,
-                "policy": None,
-                "kept": [],
-                "dropped": [],
-            },
-        )
-        log.info("%s: self-hosted server, no provider routing", out_path)
-        return
     with api_connection(api, emulator_log) as (base_url, key):
         providers = fetch_providers(base_url, api.model, key, routing)
     if api.local:
@@ -145,11 +122,10 @@ def run_generation(
             f"{providers_path} lists endpoints of {providers.get('model')!r}, not of "
             f"{api.model!r}: refresh it with `snakemake --forcerun providers`"
         )
-    self_hosted = bool(providers.get("self_hosted"))
     target_dir = Path(api.target_path) if gen["probe_answers"] else None
     policy = routing_policy(job.routing, gen["max_tokens"])
     with (
-        _probe_loading(target_dir) as probe_loading,
+        probe_loading(target_dir) as probe_future,
         # One batch can hold every request in flight, as a real provider's engine would.
         api_connection(api, emulator_log, threads, max_batch=gen["concurrency"]) as (base_url, key),
     ):
@@ -159,13 +135,13 @@ def run_generation(
             base_url=base_url,
             fingerprint=fingerprint,
             kept=providers["kept"],
-            provider_obj=None if self_hosted else provider_request(providers["kept"], policy),
+            provider_obj=provider_request(providers["kept"], policy),
             output_token_budget=output_token_budget,
             usd_budget=usd_budget,
             max_failed_fraction=max_failed_fraction,
             emulated=api.local,
         )
-        probe = probe_loading.result()
+        probe = probe_future.result()
         summary = generate_responses(
             prompts_path, responses_path, summary_path, journal_dir, ledger_dir, dataset, settings, key, probe
         )
@@ -184,7 +160,7 @@ def run_generation(
 
 
 @contextmanager
-def _probe_loading(target_dir: Path | None) -> Iterator[Future]:
+def probe_loading(target_dir: Path | None) -> Iterator[Future]:
     """The usability probe, loading in a thread from the start of the block: its tokenizer takes seconds,
     as does the emulator a local run starts meanwhile, and neither needs the other."""
     with ThreadPoolExecutor(max_workers=1) as loader:
@@ -192,9 +168,10 @@ def _probe_loading(target_dir: Path | None) -> Iterator[Future]:
 
 
 def check_key_for_pending_sets(config: dict[str, Any], datasets: list[str], layout: RunLayout) -> None:
-    """`onstart`: fail before any job when a set still needs paid generation and there is no usable key."""
-    if is_local_api(config) or config["api"]["self_hosted"]:
+    """`onstart`: fail before any job when a set still needs bought answers and there is no usable key."""
+    if is_local_api(config):
         return
-    pending = [ds for ds in datasets if not layout.responses(ds).is_file()]
+    bought = sets_answered_by(config, "openrouter", datasets)
+    pending = [ds for ds in bought if not layout.responses(ds).is_file()]
     if pending:
         read_api_key(config["api"]["key_file"], config["api"]["key_file_env"])

@@ -9,11 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglepipe.config import is_local_api
+from eaglepipe.config import answer_source, is_local_api
 from eaglepipe.hidden.storage import bytes_per_token, capped_tokens
 from eaglepipe.io import read_jsonl
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
+from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.journal import tally_done
 from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import dearest_price
@@ -138,6 +139,9 @@ def with_coverage(sets: list[SetPlan], remaining_usd: float) -> list[SetPlan]:
         if item.status != "generate":
             out.append(item)
             continue
+        if item.source != "openrouter":  # answered by the team's engine or imported: costs nothing
+            out.append(replace(item, coverage=item.source))
+            continue
         if not priced or item.usd is None:
             priced = False
             out.append(replace(item, coverage=UNKNOWN))
@@ -164,7 +168,9 @@ def _plan_set(
         tokens, samples = _generated_tokens(layout, ds, max_tokens)
         return SetPlan(ds, "extract", disk_bytes=_shard_disk(config, tokens, samples, bytes_per_token))
 
-    done = tally_done(layout.journal(ds), fingerprint)
+    answered_by = answer_source(config, ds)
+    journaled_as = engine_fingerprint(config) if answered_by == "engine" else fingerprint
+    done = tally_done(layout.journal(ds), journaled_as)
     prompts_path = layout.prompt_set(ds)
     total: int | None
     left: int | None
@@ -193,7 +199,9 @@ def _plan_set(
             # The token budget stops the set early: only the prompts answered before then are billed.
             input_tokens = round(input_tokens * output_tokens / uncapped)
     usd = None
-    if prices is not None and output_tokens is not None:
+    if answered_by != "openrouter":
+        usd = 0.0
+    elif prices is not None and output_tokens is not None:
         usd = prices.cost(input_tokens or 0, output_tokens)
     disk = None
     if output_tokens is not None:
@@ -216,6 +224,7 @@ def _plan_set(
         usd_at_least=usd is not None and input_tokens is None,
         disk_bytes=disk,
         disk_at_least=disk is not None and input_tokens is None,
+        source=answered_by,
     )
 
 

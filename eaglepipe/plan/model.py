@@ -40,6 +40,8 @@ class SetPlan:
     coverage: str = "-"
     disk_bytes: int | None = None
     disk_at_least: bool = False  # input tokens unknown: the outputs' share only
+    # Where its answers come from (`answers`): only `openrouter` sets are bought.
+    source: str = "openrouter"
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ def _row(item: SetPlan, plan: SpendPlan) -> list[str]:
 def _dollar_range(item: SetPlan, plan: SpendPlan) -> tuple[float | None, float | None]:
     """(at the per-answer estimate, at max_tokens per answer): the token budget bounds both, and a set
     answered at max_tokens reaches it after fewer prompts, so fewer input tokens: the high end holds."""
+    if item.source != "openrouter":
+        return 0.0, 0.0
     if item.usd is None or plan.prices is None or item.left is None:
         return item.usd, None
     capped = item.output_tokens if item.capped else None  # a capped set's output tokens are known
@@ -133,7 +135,8 @@ def _notes(plan: SpendPlan) -> list[str]:
 
 
 def _summary(plan: SpendPlan) -> list[str]:
-    buying = [item for item in plan.sets if item.status == "generate"]
+    buying = [item for item in plan.sets if item.status == "generate" and item.source == "openrouter"]
+    unbought = [item for item in plan.sets if item.status == "generate" and item.source != "openrouter"]
     outputs_only = any(item.usd_at_least for item in buying)
     lines = [
         "",
@@ -148,6 +151,9 @@ def _summary(plan: SpendPlan) -> list[str]:
         names = [item.name for item in buying if item.coverage == coverage]
         if names:
             lines.append(f"  {label}: {', '.join(names)}")
+    if unbought:
+        named = ", ".join(f"{item.name} ({item.source})" for item in unbought)
+        lines.append(f"  not bought, $0: {named}")
     if plan.hidden_size is None:
         lines.append(
             "shard disk: unknown: no hidden_size in the target's config.json yet; set target.hidden_size "
