@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 from stage_settings import token_settings
 
 from eaglepipe.answers.imported import AnswerImportError, import_answers
+from eaglepipe.figures.data import load_run
+from eaglepipe.figures.summary import run_table
 from eaglepipe.target.chat import render_prompt_ids, stop_token_id
 from eaglepipe.target.load import load_tokenizer
 from eaglepipe.tokens.build import build_tokens
@@ -126,6 +128,10 @@ def test_the_budget_cuts_in_prompt_order_and_uncounted_answers_pass(tmp_path):
     assert [r["prompt_id"] for r in records] == ["p-greet", "p-math"]
     assert (summary["done"], summary["completion_tokens"], summary["uncounted"]) == (2, 7, 1)
     assert (summary["ended_because"], summary["over_budget"]) == ("token_budget", 1)
+    run = load_run(["demo"], responses=[tmp_path / "responses.jsonl"],
+                   summaries=[tmp_path / "responses.summary.json"])
+    assert [answer.completion_tokens for answer in run.sets[0].answers or []] == [None, 7]  # not drawn as 0
+    assert run_table(run).splitlines()[2].split()[:4] == ["demo", "2", "7", "$0.0000"]
     summary, records = run_import(tmp_path, lines, budget=12)
     assert (summary["done"], summary["completion_tokens"], summary["ended_because"]) == (3, 12, "all_done")
 
