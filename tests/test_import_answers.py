@@ -183,3 +183,10 @@ def test_a_bad_line_stops_with_its_file_line_and_writes_nothing(tmp_path, line, 
     assert message.startswith(f"{tmp_path / 'answers.jsonl'}:3: ")
     assert says in message and message.endswith(FIX) and "\n" not in message
     assert not (tmp_path / "responses.jsonl").exists() and not (tmp_path / "responses.summary.json").exists()
+
+
+def test_a_file_that_answers_no_prompt_of_the_set_stops(tmp_path):
+    stranger = answer({"messages": [{"role": "user", "content": "Not in this set."}]}, {"content": "C"})
+    with pytest.raises(AnswerImportError, match=r"answers.jsonl: no line answers a prompt of set demo \(1 "):
+        run_import(tmp_path, [stranger])
+    assert not (tmp_path / "responses.jsonl").exists()

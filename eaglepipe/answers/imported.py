@@ -69,6 +69,12 @@ def import_answers(
     Prompts the file does not answer are reported, not refused: a team may import part of a set."""
     prompts = read_prompt_set(prompts_path)
     reading = _read_answers(answers_path, prompts)
+    if not reading.answers:  # partial is a choice; none at all is the wrong file or the wrong set
+        raise AnswerImportError(
+            f"{answers_path}: no line answers a prompt of set {dataset} ({len(reading.unmatched_lines)} "
+            f"lines match none of its {len(prompts)} prompts by id or content); point "
+            f"answers.sets.{dataset}.path at this set's answers"
+        )
     records, completion_tokens, uncounted = [], 0, 0
     for prompt in prompts:
         answer = reading.answers.get(prompt["id"])
