@@ -130,3 +130,25 @@ rule generate_engine:
     script:
         "../scripts/generate_engine.py"
 
+
+# A set whose answers the team already has (`answers.sets.{ds}: {source: import, path: ...}`): its prompts'
+# answers are taken from the file (docs/formats.md), nothing is asked or bought.
+rule import_answers:
+    wildcard_constraints:
+        ds=sets_pattern(IMPORTED_SETS),
+    input:
+        prompts=LAYOUT.prompt_set(),
+        answers=imported_answers,
+    output:
+        responses=LAYOUT.responses(),
+    params:
+        summary=str(LAYOUT.responses_summary()),
+        output_token_budget=config["budget"]["output_tokens_per_dataset"],
+        target_name=config["target"]["name"],
+    log:
+        job=LAYOUT.log("generate/{ds}.log"),
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/import_answers.py"

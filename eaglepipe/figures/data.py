@@ -19,7 +19,7 @@ from eaglepipe.openrouter.ledger import ledger_path
 class Answer:
     """What the figures need of one response: a real run's responses.jsonl holds gigabytes of text."""
 
-    completion_tokens: int
+    completion_tokens: int | None  # None: an answer without a count (an imported one, say)
     finish_reason: str
 
 
@@ -47,7 +47,8 @@ def read_json(path: Path | None) -> dict[str, Any] | None:
 
 
 def read_answers(path: Path | None) -> list[Answer] | None:
-    """Each response's billed completion tokens and finish reason, read one line at a time."""
+    """Each response's completion tokens (billed, or the imported answer's count) and finish reason, read one
+    line at a time."""
     if path is None or not path.is_file():
         return None
     answers = []
@@ -56,7 +57,7 @@ def read_answers(path: Path | None) -> list[Answer] | None:
             if line.strip():
                 record = json.loads(line)
                 answers.append(Answer(
-                    completion_tokens=(record.get("usage") or {}).get("completion_tokens") or 0,
+                    completion_tokens=(record.get("usage") or {}).get("completion_tokens"),
                     finish_reason=(record.get("response") or {}).get("finish_reason") or "none",
                 ))
     return answers

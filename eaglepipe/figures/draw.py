@@ -58,10 +58,11 @@ def _grid(count: int) -> tuple[Figure, list[Axes]]:
 def answer_lengths(run: RunOutputs, max_tokens: int) -> Figure:
     fig, axes = _grid(len(run.sets))
     for ax, item in zip(axes, run.sets, strict=False):
-        lengths = [answer.completion_tokens for answer in item.answers or []]
+        # An answer without a count would show as length 0: it is left out of the histogram.
+        lengths = [a.completion_tokens for a in item.answers or [] if a.completion_tokens is not None]
         ax.set_title(item.name, fontsize=10)
         if not lengths:
-            _empty(ax, "no answers")
+            _empty(ax, "no answer with a token count" if item.answers else "no answers")
             continue
         ax.hist(lengths, bins=min(30, max(5, len(set(lengths)))), color="tab:blue")
         ax.axvline(max_tokens, color="tab:red", linestyle="--", label=f"max_tokens {max_tokens}")
