@@ -181,6 +181,7 @@ def test_a_killed_engine_set_resumes_asking_only_what_it_lacks_and_three_sources
     time.sleep(2)  # requests cut by the kill end on the server as aborted, not answered
     before = answered_requests(vllm_server)
 
+    assert snakemake(tmp_path, "--unlock").returncode == 0  # as the README says after a kill
     run = snakemake(tmp_path, timeout=1500)
     assert run.returncode == 0, run.stderr[-4000:]
 
