@@ -560,3 +560,39 @@ def test_a_stream_over_tls_is_read_whole_in_rests_and_its_connection_reused(tmp_
         assert reply["response"]["content"] == "".join(f"t{i}" for i in range(30))
         assert reply["usage"]["cost"] == 0.002
     assert server.connections == 1
+
+
+def http_200(body: bytes, content_type: str) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
+    return head % (content_type.encode(), len(body)) + body
+
+
+def test_prompt_ids_are_kept_where_vllm_and_sglang_put_them() -> None:
+    """vLLM: `prompt_token_ids` at the top level (first chunk when streamed); SGLang: in `choices[0]`."""
+    message = {"index": 0, "message": {"content": "hi"}, "finish_reason": "stop", "token_ids": [7]}
+    vllm = {"id": "gen-v", "choices": [message], "prompt_token_ids": [1, 2, 3]}
+    sglang = {"id": "gen-s", "choices": [{**message, "prompt_token_ids": [4, 5]}]}
+    stream = b"".join(
+        [
+            event(content_chunk("h", prompt_token_ids=[6, 7])),
+            event(content_chunk("i", finish="stop")),
+            event(USAGE_CHUNK),
+            b"data: [DONE]\n\n",
+        ]
+    )
+
+    async def main() -> list[dict[str, Any]]:
+        scripts = [
+            whole(http_200(json.dumps(vllm).encode(), "application/json")),
+            whole(http_200(json.dumps(sglang).encode(), "application/json")),
+            whole(http_200(stream, "text/event-stream")),
+        ]
+        async with RawServer(scripts) as url, httpx.AsyncClient(base_url=url) as http:
+            return [
+                await read_reply(http, {"model": "m"}),
+                await read_reply(http, {"model": "m"}),
+                await read_streamed_reply(http, {"stream": True}),
+            ]
+
+    replies = asyncio.run(main())
+    assert [reply["response"]["prompt_token_ids"] for reply in replies] == [[1, 2, 3], [4, 5], [6, 7]]

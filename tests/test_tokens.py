@@ -1,5 +1,5 @@
 """Token stage on the embedded SmolLM2 (ChatML): rendered prompt + completion, loss mask, server ids checked,
-billed counts compared, per-sample methods and flags."""
+billed counts compared, per-sample methods and flags, the server's prompt ids and the round-trip gate."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 from safetensors.torch import load_file
 from stage_settings import token_settings
 
+from eaglepipe.figures.data import RunOutputs, SetOutputs
+from eaglepipe.figures.summary import run_table
 from eaglepipe.target.chat import render_prompt_ids, stop_token_id
 from eaglepipe.target.load import load_target, load_tokenizer
 from eaglepipe.tokens.build import TokensError, build_tokens
@@ -117,6 +119,61 @@ def test_server_ids_that_do_not_decode_to_the_text_are_not_trusted(tmp_path, mod
     stats = run(tmp_path, model_dir, [bad])
     assert "server_ids" not in stats["counts"]["by_method"]
     assert stats["counts"]["flags"]["server_ids_rejected"] == 1
+
+
+def split_one_token(tokenizer, ids):
+    """(position, ids) with the first token that two vocabulary tokens spell split into them: the same text,
+    ids BPE would not give."""
+    for position, token_id in enumerate(ids):
+        piece = tokenizer.convert_ids_to_tokens(token_id)
+        for cut in range(1, len(piece)):
+            halves = [piece[:cut], piece[cut:]]
+            parts = tokenizer.convert_tokens_to_ids(halves)
+            if tokenizer.convert_ids_to_tokens(parts) == halves:
+                return position, ids[:position] + parts + ids[position + 1:]
+    raise AssertionError("no token of the answer splits into two tokens")
+
+
+def test_the_round_trip_gate_finds_ids_the_text_alone_does_not_give(tmp_path, model_dir, greedy):
+    tokenizer, answers = greedy
+    split = record("p-greet", tokenizer, answers)
+    position, split["response"]["token_ids"] = split_one_token(tokenizer, split["response"]["token_ids"])
+    split["usage"]["completion_tokens"] += 1  # billed as generated
+    stats = run(tmp_path, model_dir, [split, record("p-math", tokenizer, answers)])
+    tensors = load_file(str(tmp_path / "tokens.safetensors"))
+    _, completion, stopped = answers["p-greet"]
+    gate = stats["round_trip"]
+    assert {k: gate[k] for k in ("samples", "exact", "count_matched", "off")} == {
+        "samples": 2, "exact": 1, "count_matched": 0, "off": 1}
+    assert gate["misses"] == [{
+        "prompt_id": "p-greet", "provider": "unknown", "kind": "off", "first_difference": position,
+        "server_length": len(completion) + 1 + stopped, "rebuilt_length": len(completion) + stopped,
+        "rebuilt_method": "rebuilt_off_by_k"}]
+    end = tensors["offsets"].tolist()[1]
+    trained = tensors["input_ids"][tensors["prompt_len"].tolist()[0]:end].tolist()
+    assert trained[: len(split["response"]["token_ids"])] == split["response"]["token_ids"]  # the server's
+    table = run_table(RunOutputs([SetOutputs("gated", tokens=stats), SetOutputs("text-only", tokens={})]))
+    rows = {line.split()[0]: line for line in table.splitlines()[2:4]}
+    assert rows["gated"].endswith("1/2 exact, 1 off") and rows["text-only"].endswith(" -")
+
+
+def test_server_prompt_ids_that_differ_are_flagged_and_trained_on(tmp_path, model_dir, greedy):
+    tokenizer, answers = greedy
+    records = [record("p-greet", tokenizer, answers), record("p-math", tokenizer, answers)]
+    rendered = [render_prompt_ids(tokenizer, p["messages"], p.get("tools")) for p in PROMPTS[:2]]
+    changed = [*rendered[1][:2], rendered[1][2] + 1, *rendered[1][3:]]
+    records[0]["response"]["prompt_token_ids"] = rendered[0]
+    records[1]["response"]["prompt_token_ids"] = changed
+    stats = run(tmp_path, model_dir, records)
+    tensors = load_file(str(tmp_path / "tokens.safetensors"))
+    assert stats["prompt"]["server_ids"] == {
+        "samples": 2, "matched": 1, "mismatched": 1,
+        "mismatches": [{"prompt_id": "p-math", "provider": "unknown", "first_difference": 2,
+                        "server_length": len(changed), "rendered_length": len(rendered[1])}]}
+    assert stats["counts"]["flags"]["prompt_server_ids_mismatch"] == 1
+    assert [bool(f & Flag.PROMPT_SERVER_IDS_MISMATCH) for f in tensors["flags"].tolist()] == [False, True]
+    start = tensors["offsets"].tolist()[1]
+    assert tensors["input_ids"][start:start + len(changed)].tolist() == changed
 
 
 def test_stale_responses_stop_with_one_line(tmp_path, model_dir, greedy):

@@ -15,6 +15,7 @@ from eaglepipe.figures.data import RunOutputs
 DASH = "-"
 METHOD_LABELS = {"eagle3": "trained drafter", "eagle3_untrained": "untrained drafter",
                  "prompt_lookup": "prompt lookup"}
+ROUND_TRIP_MISSES = {"count_matched": "same length", "off": "off"}
 
 
 def _share(value: float | None) -> str:
@@ -32,7 +33,16 @@ def _set_row(item: Any) -> list[str]:
         _share(shares.get("exact")) if tokens else DASH,
         _share(shares.get("billed_count_matched")) if tokens else DASH,
         f"{hidden['num_tokens']:,}" if "num_tokens" in hidden else DASH,
+        _round_trip(tokens.get("round_trip") or {}),
     ]
+
+
+def _round_trip(gate: dict[str, Any]) -> str:
+    """`23/24 exact, 1 off`: the text-only rebuild against the server's ids, where the set has any."""
+    if not gate.get("samples"):
+        return DASH
+    misses = [f"{gate[kind]} {label}" for kind, label in ROUND_TRIP_MISSES.items() if gate.get(kind)]
+    return ", ".join([f"{gate['exact']}/{gate['samples']} exact", *misses])
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -46,15 +56,18 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def run_table(run: RunOutputs, *, emulated: bool = False) -> str:
-    """Per set: answers, output tokens, dollars, exact / count-matched share, hidden-state tokens; then the
-    drafter's acceptance length next to prompt lookup and the untrained drafter."""
-    header = ["set", "answers", "output tokens", "dollars", "exact ids", "count-matched", "hidden tokens"]
+    """Per set: answers, output tokens, dollars, exact / count-matched share, hidden-state tokens, the
+    round-trip gate (where the server returned ids); then the drafter's acceptance length next to prompt
+    lookup and the untrained drafter."""
+    header = ["set", "answers", "output tokens", "dollars", "exact ids", "count-matched", "hidden tokens",
+              "round trip"]
     lines = ["eaglepipe: end of run" + (" (emulated: no real request, no real dollar)" if emulated else "")]
     lines += _table(header, [_set_row(item) for item in run.sets])
     lines.append(
         "exact ids: token ids the server returned; count-matched: ids whose count equals the billed "
         "completion tokens"
     )
+    lines.append("round trip: the server's ids rebuilt from the text alone (exact, same length, off)")
     evaluation = run.eval or {}
     methods = evaluation.get("methods", {})
     if methods:

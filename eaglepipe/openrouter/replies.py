@@ -112,6 +112,10 @@ async def read_reply(
     }
     if choice.get("token_ids") is not None:
         answer["token_ids"] = choice["token_ids"]
+    # vLLM sends the prefilled prompt's ids at the top level, SGLang in the choice.
+    prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    if prompt_ids is not None:
+        answer["prompt_token_ids"] = prompt_ids
     logprobs = _logprob_entries(choice.get("logprobs"))
     if logprobs:
         answer["logprobs"] = {"content": logprobs}
@@ -289,6 +293,7 @@ class _StreamedAnswer:
         self._call_by_id: dict[str, dict[str, Any]] = {}
         self._call_at_index: dict[int, dict[str, Any]] = {}
         self.token_ids: list[int] | None = None
+        self.prompt_token_ids: list[int] | None = None
         self.logprobs: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
         self.provider: str | None = None
@@ -316,6 +321,7 @@ class _StreamedAnswer:
         self.generation_id = self.generation_id or chunk.get("id")
         self.provider = self.provider or chunk.get("provider")
         self.usage = chunk.get("usage") or self.usage
+        self.prompt_token_ids = self.prompt_token_ids or chunk.get("prompt_token_ids")  # vLLM: first chunk
         if chunk.get("error"):
             raise self.context().error_in_body(chunk["error"])
         for choice in chunk.get("choices") or ():
@@ -385,6 +391,8 @@ class _StreamedAnswer:
         }
         if self.token_ids is not None:
             answer["token_ids"] = self.token_ids
+        if self.prompt_token_ids is not None:
+            answer["prompt_token_ids"] = self.prompt_token_ids
         if self.logprobs:
             answer["logprobs"] = {"content": self.logprobs}
         return answer

@@ -3,7 +3,8 @@
 Every response becomes a sample (`rebuild`); the statistics cover all of them, before any is dropped, so
 they say whether rebuilding works at all; then malformed samples are dropped, as are those whose length
 contradicts the bill (`tokens.on_mismatch: drop`) or that have several readings (`tokens.on_ambiguous:
-drop`). docs/tokens.md explains the methods and the choice between readings.
+drop`). Answers with server ids are rebuilt a second time from their text alone, for the round-trip gate
+(`round_trip`). docs/tokens.md explains the methods and the choice between readings.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from eaglepipe.io import atomic_write, read_jsonl, write_json
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
 from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, RebuiltSample, TokensError, TokenSettings
+from eaglepipe.tokens.round_trip import MISSES_LISTED, round_trip
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,11 @@ def build_tokens(
     """Write `tokens.safetensors` and `tokens.json` for one prompt set; returns the statistics."""
     chat = load_target_tokenizer(target_dir).chat_format()
     prompts = {p["id"]: p for p in read_jsonl(prompts_path)}
-    rebuilt = Rebuilder(chat, settings).rebuild(prompts, read_jsonl(responses_path), str(responses_path))
+    records = list(read_jsonl(responses_path))
+    rebuilt = Rebuilder(chat, settings).rebuild(prompts, records, str(responses_path))
+    text_only = None
+    if any(s.server_completion is not None for s in rebuilt.samples):
+        text_only = Rebuilder(chat, settings, text_only=True).rebuild(prompts, records, str(responses_path))
     kept = [s for s in rebuilt.samples if keep_reason(s, settings) is None]
     for sample in rebuilt.samples:
         if (reason := keep_reason(sample, settings)) is not None:
@@ -49,7 +56,7 @@ def build_tokens(
         raise TokensError(
             f"{responses_path}: no sample survived validation ({dict(dropped)}); see this job's log"
         )
-    summary = summarize(rebuilt, settings, len(prompts))
+    summary = summarize(rebuilt, settings, len(prompts), text_only)
     tensors = sample_tensors(kept)
     atomic_write(tensors_path, lambda tmp: save_file(tensors, str(tmp)))
     write_json(stats_path, summary)
@@ -89,8 +96,11 @@ def sample_tensors(samples: list[RebuiltSample]) -> dict[str, torch.Tensor]:
     }
 
 
-def summarize(rebuilt: Rebuilt, settings: TokenSettings, num_prompts: int) -> dict[str, Any]:
-    """`tokens.json`: everything but `prompt_ids` counts all responses, before any drop."""
+def summarize(
+    rebuilt: Rebuilt, settings: TokenSettings, num_prompts: int, text_only: Rebuilt | None = None
+) -> dict[str, Any]:
+    """`tokens.json`: everything but `prompt_ids` counts all responses, before any drop; `text_only`, the
+    same records rebuilt without their server ids (the round-trip gate)."""
     samples = rebuilt.samples
     kept = [s for s in samples if keep_reason(s, settings) is None]
     by_method = Counter(s.method.name.lower() for s in samples)
@@ -112,6 +122,7 @@ def summarize(rebuilt: Rebuilt, settings: TokenSettings, num_prompts: int) -> di
         "shares": _shares(samples, by_method),
         "billed": _billed(billed, len(samples)),
         "prompt": _prompt_summary(samples, settings),
+        "round_trip": round_trip(samples, text_only.samples if text_only else None),
         "providers": {
             name: {**profile.summary(), **rebuilt.evidence[name].summary()}
             for name, profile in sorted(rebuilt.profiles.items())
@@ -176,8 +187,20 @@ def _prompt_summary(samples: list[RebuiltSample], settings: TokenSettings) -> di
     billed_prompts = [(len(s.prompt_ids), s.billed_prompt) for s in samples if s.billed_prompt is not None]
     with_tools = [s for s in samples if s.prompt_diffs]
     formats = sorted({f for s in with_tools for f in s.prompt_diffs})
+    checked = [(s, s.server_prompt) for s in samples if s.server_prompt is not None]
+    mismatched = [(s, found) for s, found in checked if found.first_difference is not None]
     return {
         "count_mismatches": sum(bool(s.flags & Flag.PROMPT_COUNT_MISMATCH) for s in samples),
+        # The server's own prompt ids against our rendering; where they differ, theirs are trained on.
+        "server_ids": {
+            "samples": len(checked),
+            "matched": len(checked) - len(mismatched),
+            "mismatched": len(mismatched),
+            "mismatches": [
+                {"prompt_id": s.prompt_id, "provider": s.provider, **asdict(found)}
+                for s, found in mismatched[:MISSES_LISTED]
+            ],
+        },
         "rebuilt_minus_billed_histogram": _histogram(length - billed for length, billed in billed_prompts),
         "tool_format": settings.tool_format,
         "samples_with_tools": len(with_tools),

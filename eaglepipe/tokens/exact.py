@@ -58,9 +58,7 @@ def exact_completion(
 ) -> ExactIds | None:
     """The ids as the sample's completion when they agree with the reply's text under one of the engine
     readings in `whitespace` (those the format's text can show), else None."""
-    ids = list(ids)
-    if ids and ids[-1] == chat.layout.stop:  # some servers include the stop token
-        ids.pop()
+    ids = _without_stop(chat, ids)
     read = chat.read_completion(ids, thinking=reply.thinking, truncated=reply.truncated)
     if read is None:
         return None
@@ -73,7 +71,20 @@ def exact_completion(
     observation = Observation(
         observation.whitespace, stop_billed, observation.renumbered, observation.trimmed
     )
-    return ExactIds(ids if reply.truncated else [*ids, chat.layout.stop], observation)
+    return ExactIds(with_stop(chat, ids, reply.truncated), observation)
+
+
+def with_stop(chat: ChatFormat, ids: Sequence[int], truncated: bool) -> list[int]:
+    """Server ids as a sample's completion: the stop token once at the end unless the reply was cut off."""
+    ids = _without_stop(chat, ids)
+    return ids if truncated else [*ids, chat.layout.stop]
+
+
+def _without_stop(chat: ChatFormat, ids: Sequence[int]) -> list[int]:
+    ids = list(ids)
+    if ids and ids[-1] == chat.layout.stop:  # some servers include the stop token
+        ids.pop()
+    return ids
 
 
 def _compare(reply: Reply, read: ReadBack, history: int, whitespace: frozenset[str]) -> Observation | None:

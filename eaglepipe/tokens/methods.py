@@ -35,6 +35,7 @@ class Flag(IntFlag):
     SERVER_IDS_REJECTED = 128  # the server's ids (or logprob bytes) did not match its text
     TRUNCATED = 256  # finish_reason was length: no stop token
     PROMPT_OTHER_TOOL_FORMAT = 512  # only the other tool-declaration format matched the billed prompt
+    PROMPT_SERVER_IDS_MISMATCH = 1024  # the server's prompt ids differ from our rendering; theirs are used
 
 
 AMBIGUITY_FLAGS = (

@@ -2,6 +2,8 @@
 
 Two passes. The first reads every reply, checks any exact ids it carries and gathers per-provider evidence
 (`profile`); the second renders each prompt and rebuilds each completion under its provider's profile.
+A `text_only` rebuilder reads every reply as if the server had returned no ids: the round-trip gate
+(`round_trip`) compares what it rebuilds with the server's ids.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_tools import ToolFormat
 from eaglepipe.target.segments import RenderError, Special
 from eaglepipe.tokens.candidates import PieceCache, Selection, Variant, select, shape_of
-from eaglepipe.tokens.exact import ExactIds, exact_completion, ids_from_bytes
+from eaglepipe.tokens.exact import ExactIds, exact_completion, ids_from_bytes, with_stop
 from eaglepipe.tokens.methods import Flag, Method
 from eaglepipe.tokens.normalize import unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT
@@ -55,6 +57,15 @@ class TokenSettings:
         )
 
 
+@dataclass(frozen=True)
+class ServerPrompt:
+    """The server's prompt ids against our rendering of the prompt."""
+
+    first_difference: int | None  # the first position where they differ (None: the same ids)
+    server_length: int
+    rendered_length: int
+
+
 @dataclass
 class RebuiltSample:
     """One reply as the token stage rebuilt it: ids, how they were obtained, and what is in doubt."""
@@ -71,6 +82,8 @@ class RebuiltSample:
     as_returned_diff: int | None  # the same for the text encoded as returned, no reading undone
     prompt_diffs: dict[str, int]  # tool-declaration format -> rendered prompt length minus the bill
     problem: str | None  # why the sample is malformed, or None
+    server_prompt: ServerPrompt | None  # None when the server returned no prompt ids
+    server_completion: list[int] | None  # the server's ids as the exact path resolves them (stop added)
 
 
 @dataclass
@@ -97,10 +110,11 @@ class _Pending:
 
 
 class Rebuilder:
-    def __init__(self, chat: ChatFormat, settings: TokenSettings) -> None:
+    def __init__(self, chat: ChatFormat, settings: TokenSettings, *, text_only: bool = False) -> None:
         self.chat = chat
         self.settings = settings
         self.shape = shape_of(chat)
+        self.text_only = text_only
 
     def rebuild(
         self, prompts: dict[str, dict[str, Any]], records: Iterable[dict[str, Any]], where: str
@@ -202,7 +216,7 @@ class Rebuilder:
                 f"{where}: prompt id {reply.prompt_id} is not in the prompt set; the responses "
                 "are stale: rerun generation"
             )
-        reply = self._as_generated(reply, record, where)
+        reply = self._as_generated(reply.text_only() if self.text_only else reply, record, where)
         history = tool_history(prompt["messages"])
         rejected = False
         for kind in (Method.SERVER_IDS, Method.LOGPROB_BYTES):
@@ -266,6 +280,17 @@ class Rebuilder:
     def _sample(self, item: _Pending, profile: EngineProfile, where: str) -> RebuiltSample:
         reply, chat = item.reply, self.chat
         prompt_ids, prompt_diffs, prompt_flags = self._prompt(item, where)
+        server_prompt = None
+        if reply.server_prompt_ids is not None:
+            # The server's prompt is what the model was conditioned on: trained on when it differs.
+            server_prompt = ServerPrompt(
+                first_difference(prompt_ids, reply.server_prompt_ids),
+                len(reply.server_prompt_ids),
+                len(prompt_ids),
+            )
+            if server_prompt.first_difference is not None:
+                prompt_ids = list(reply.server_prompt_ids)
+                prompt_flags |= Flag.PROMPT_SERVER_IDS_MISMATCH
         pieces, item.pieces = item.pieces or PieceCache(chat), None
         flags = prompt_flags | (Flag.TRUNCATED if reply.truncated else Flag(0))
         flags |= Flag.SERVER_IDS_REJECTED if item.rejected else Flag(0)
@@ -298,6 +323,8 @@ class Rebuilder:
             as_returned - billed if billed is not None else None,
             prompt_diffs,
             problem,
+            server_prompt,
+            None if reply.server_ids is None else with_stop(chat, reply.server_ids, reply.truncated),
         )
 
     def _prompt(self, item: _Pending, where: str) -> tuple[list[int], dict[str, int], Flag]:
@@ -350,6 +377,15 @@ class Rebuilder:
             thinking=reply.thinking,
         )
         return sum(1 if isinstance(s, Special) else len(pieces(s.text).ids) for s in segments)
+
+
+def first_difference(ours: Sequence[int], theirs: Sequence[int]) -> int | None:
+    """The first position where two id lists differ (the shorter one's length if one starts the other), or
+    None when they are the same."""
+    if list(ours) == list(theirs):
+        return None
+    pairs = enumerate(zip(ours, theirs, strict=False))
+    return next((i for i, (a, b) in pairs if a != b), min(len(ours), len(theirs)))
 
 
 def pad_signature(reply: Reply) -> tuple[int, int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -20,7 +20,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Reply:
-    """`reasoning` and `content` are "" when absent; `server_ids` exclude the stop token."""
+    """`reasoning` and `content` are "" when absent; `server_ids` exclude the stop token; `server_prompt_ids`
+    are the prompt the server prefilled (generation prompt included)."""
 
     prompt_id: str
     provider: str
@@ -34,10 +35,15 @@ class Reply:
     reasoning_tokens: int
     server_ids: tuple[int, ...] | None
     logprob_bytes: tuple[bytes, ...] | None
+    server_prompt_ids: tuple[int, ...] | None
 
     @property
     def texts(self) -> list[str]:
         return [self.reasoning, self.content, *(t for c in self.tool_calls for t in (c.id, c.arguments))]
+
+    def text_only(self) -> Reply:
+        """The reply as a text-only provider would have returned it: what the round-trip gate rebuilds."""
+        return replace(self, server_ids=None, logprob_bytes=None, server_prompt_ids=None)
 
 
 def thinking_requested(request: dict[str, Any]) -> bool:
@@ -74,6 +80,7 @@ def parse_reply(record: dict[str, Any], where: str) -> Reply:
         reasoning_tokens=_count(usage.get("reasoning_tokens")) or 0,
         server_ids=_server_ids(response.get("token_ids")),
         logprob_bytes=_logprob_bytes(response.get("logprobs")),
+        server_prompt_ids=_server_ids(response.get("prompt_token_ids")),
     )
 
 
