@@ -3,7 +3,7 @@ the job starting `vllm serve` from .venv-vllm on the embedded SmolLM2) and by th
 each through the token stage, which rebuilds every answer's ids from its text and compares them with the
 ids the server returned.
 
-    .venv/bin/python bench/round_trip.py [--sets demo-chat,demo-code,demo-math,demo-multiturn] [--max-tokens 96]
+    .venv/bin/python bench/round_trip.py [--sets demo-chat,demo-code,...] [--max-tokens 96]
 
 Prints one row per set and server: answers with server ids, rebuilt exactly, count-matched but different,
 off, and the first differing position of the first misses. Runs Snakemake on a scratch directory; nothing
@@ -25,6 +25,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR = REPO / "resources" / "models" / "smollm2-135m-instruct"
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SOURCES = REPO / "resources" / "sources" / "demo"
 DEMO_SETS = ("demo-chat", "demo-code", "demo-math", "demo-multiturn")
 
 
@@ -32,13 +33,12 @@ def config(sets: list[str], max_tokens: int, engine: bool) -> dict:
     return {
         "paths": {"results": "results", "prompts": "results/prompts"},
         "datasets": sets,
-        "sources": {ds: {"type": "jsonl", "path": str(REPO / "resources" / "sources" / "demo" / f"{ds}.jsonl")}
-                    for ds in sets},
+        "sources": {ds: {"type": "jsonl", "path": str(SOURCES / f"{ds}.jsonl")} for ds in sets},
         "target": {"name": "HuggingFaceTB/SmolLM2-135M-Instruct", "path": str(MODEL_DIR), "embedded": False},
         "api": {"base_url": "local", "model": "local/smollm2-135m-instruct"},
         "answers": {"source": "engine" if engine else "openrouter"},
-        "engine": {"python": str(VLLM_PYTHON), "gpus": 0, "args": ["--max-model-len", "4096", "--enforce-eager"],
-                   "start_timeout_s": 600},
+        "engine": {"python": str(VLLM_PYTHON), "gpus": 0, "start_timeout_s": 600,
+                   "args": ["--max-model-len", "4096", "--enforce-eager"]},
         "generation": {"concurrency": 16, "max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0,
                        "return_token_ids": True, "reasoning": None, "request_timeout_s": 600},
         "budget": {"usd": 1.0},
@@ -55,7 +55,8 @@ def run(sets: list[str], max_tokens: int, engine: bool, workdir: Path) -> dict[s
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         sys.exit(done.stderr[-4000:])
-    return {ds: json.loads((workdir / "results" / ds / "tokens.json").read_text())["round_trip"] for ds in sets}
+    stats = {ds: json.loads((workdir / "results" / ds / "tokens.json").read_text()) for ds in sets}
+    return {ds: stats[ds]["round_trip"] for ds in sets}
 
 
 def main() -> None:
