@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from eaglepipe.emulator.runner import _die_with_parent
+from eaglepipe.processes import die_with_parent
 
 PACKAGES = ["slurmd", "slurmctld", "slurm-client", "munge"]
 PROGRAMS = ["munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo"]
@@ -205,7 +205,7 @@ def running_slurm(folder: Path) -> Iterator[Slurm]:
             log = stack.enter_context(open(folder / f"{Path(command[0]).name}.out", "w"))
             # Killed with this process even when it cannot clean up (SIGKILL, a CI timeout).
             process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
             )
             stack.callback(_stop, process)
 
