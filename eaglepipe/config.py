@@ -96,12 +96,24 @@ def _describe(error: jsonschema.ValidationError) -> str:
             if matches_type and sub.validator != "const":
                 return _describe(sub)
         return f"config key '{key}.type' = {error.instance.get('type')!r}: allowed values are 'jsonl', 'hf'"
-    if error.validator == "type" and isinstance(error.instance, str) and len(error.absolute_path) > 1:
+    if error.validator == "type" and _spells_wanted_type(error) and len(error.absolute_path) > 1:
         return (
             f"config key '{key}' = {error.instance!r}: {error.message} (nested values given with --config "
             "arrive as strings; put them in a file and pass it with --configfile)"
         )
     return f"config key '{key}' = {error.instance!r}: {error.message}"
+
+
+def _spells_wanted_type(error: jsonschema.ValidationError) -> bool:
+    """Whether a string the schema rejects would be of the wanted type read as YAML ('[a, b]' for a list):
+    only then is the --config hint the cause; 'lots' for a number is just a wrong value."""
+    if not isinstance(error.instance, str):
+        return False
+    try:
+        parsed = yaml.safe_load(error.instance)
+    except yaml.YAMLError:
+        return False
+    return jsonschema.Draft202012Validator({"type": error.validator_value}).is_valid(parsed)
 
 
 def validate_config(config: dict[str, Any], schema_path: Path) -> dict[str, Any]:

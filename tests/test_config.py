@@ -51,7 +51,8 @@ def test_local_config_only_overrides():
         (lambda c: c["sources"]["B1"].pop("name"), "'sources.B1' misses 'name'"),
         (lambda c: c["datasets"].append("drafter"), "'datasets.8'"),
         (lambda c: c["datasets"].append("logs"), "'datasets.8'"),
-        (lambda c: c["generation"].update(concurrency="five"), "pass it with --configfile"),
+        (lambda c: c["routing"].update(quantizations="[int4, fp8]"), "pass it with --configfile"),
+        (lambda c: c["generation"].update(concurrency="five"), "'generation.concurrency' = 'five'"),
     ],
 )
 def test_mistakes_name_the_key_in_one_line(mutate, expected):
@@ -62,6 +63,15 @@ def test_mistakes_name_the_key_in_one_line(mutate, expected):
     message = str(info.value)
     assert expected in message
     assert "\n" not in message
+
+
+def test_the_command_line_hint_is_only_given_for_strings_that_spell_the_wanted_type():
+    """'lots' is no number in any form: the --config hint would send the user after the wrong cause."""
+    config = copy.deepcopy(real_config())
+    config["generation"].update(concurrency="lots")
+    with pytest.raises(ConfigError) as info:
+        validate_config(config, SCHEMA)
+    assert str(info.value) == "config key 'generation.concurrency' = 'lots': 'lots' is not of type 'integer'"
 
 
 def test_snakemake_stops_before_any_job_with_one_line(tmp_path):
