@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -157,3 +158,37 @@ def section_fields(settings: type, section: Mapping[str, Any]) -> dict[str, Any]
     no field are left out, and a field that is no config key keeps its own default."""
     names = {field.name for field in dataclasses.fields(settings) if field.init}
     return {key: value for key, value in section.items() if key in names}
+
+
+# The run-wide folders of the results root, which no set may be named after (the schema's `datasets` items).
+RUN_WIDE_FOLDERS = ("drafter", "figures", "logs", "prompts")
+_SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def target_outside_datasets(
+    target: str, datasets: list[str], results_root: str | Path, config_files: list[Path]
+) -> str | None:
+    """Why a target in a set's folder cannot be built: its set is not in `datasets`, so no rule makes it
+    (Snakemake itself would print only "No rule to produce"). None for any other target."""
+    root = Path(os.path.normpath(results_root)).parts
+    parts = Path(os.path.normpath(target)).parts
+    below = parts[len(root) :] if parts[: len(root)] == root else ()
+    if len(below) < 2 or below[0] in datasets or below[0] in RUN_WIDE_FOLDERS:
+        return None
+    if not _SET_NAME.fullmatch(below[0]):  # a hidden folder (.ledger) or no set name at all
+        return None
+    return (
+        f"{target}: {below[0]} is not in `datasets` ({_file_setting('datasets', config_files)}): "
+        "add it there, with a `sources` entry"
+    )
+
+
+def _file_setting(key: str, config_files: list[Path]) -> str:
+    """The config file whose `key` holds (the last that sets it), to name where to edit it."""
+    for path in reversed(config_files):
+        try:
+            if key in (yaml.safe_load(Path(path).read_text()) or {}):
+                return os.path.relpath(path) if Path(path).resolve().is_relative_to(Path.cwd()) else str(path)
+        except (OSError, yaml.YAMLError):
+            continue
+    return "the config"

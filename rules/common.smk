@@ -112,7 +112,17 @@ def generation_settings_input(wildcards):
 # spends (parse time cannot tell the two apart). Jobs that Snakemake re-parses the workflow for
 # (`--mode subprocess` / `remote`) skip it.
 if workflow.is_main_process:
-    from eaglepipe.plan import print_spend_plan
+    from eaglepipe.config import target_outside_datasets
+    from eaglepipe.plan import command_line_targets, print_spend_plan
+
+    # A target of a set that `datasets` lacks has no rule: one line naming the key instead of the plan and
+    # Snakemake's "No rule to produce". The command line is parsed only when a word could be one.
+    if any(target_outside_datasets(word, DATASETS, LAYOUT.results, []) for word in sys.argv[1:]):
+        # Files given with --configfile override the Snakefile's own, which Snakemake lists after them.
+        by_precedence = sorted(workflow.configfiles, key=lambda path: path in workflow.overwrite_configfiles)
+        for target in command_line_targets(sys.argv):
+            if problem := target_outside_datasets(target, DATASETS, LAYOUT.results, by_precedence):
+                sys.exit(f"eaglepipe: {problem}")
 
     print_spend_plan(
         config,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eaglepipe.config import ConfigError, validate_config
+from eaglepipe.config import RUN_WIDE_FOLDERS, ConfigError, target_outside_datasets, validate_config
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "config.schema.yaml"
@@ -104,3 +104,35 @@ def test_nested_config_on_the_command_line_is_accepted(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "not of type" not in run.stderr
+
+
+def test_a_target_of_a_set_outside_datasets_names_the_set_and_the_key(tmp_path):
+    local = tmp_path / "local.yaml"
+    local.write_text("datasets: [demo-chat]\n")
+    files = [REPO / "config.yaml", local]
+    assert target_outside_datasets("results/demo/nope/hidden.done", ["demo-chat"], "results/demo", files) == (
+        f"results/demo/nope/hidden.done: nope is not in `datasets` ({local}): "
+        "add it there, with a `sources` entry"
+    )
+    for fine in ("results/demo/demo-chat/hidden.done", "results/demo/drafter/config.json",
+                 "results/demo/.ledger/ledger.jsonl", "results/demo/report.html", "all", "hidden"):
+        assert target_outside_datasets(fine, ["demo-chat"], "results/demo", files) is None, fine
+
+
+def test_the_run_wide_folders_are_the_set_names_the_schema_refuses():
+    datasets = yaml.safe_load(SCHEMA.read_text())["properties"]["datasets"]
+    assert sorted(datasets["items"]["not"]["enum"]) == sorted(RUN_WIDE_FOLDERS)
+
+
+@pytest.mark.slow
+def test_a_dry_run_for_a_set_outside_datasets_stops_with_one_line_and_no_plan():
+    run = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "results/B9/hidden.done"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1] == (
+        "eaglepipe: results/B9/hidden.done: B9 is not in `datasets` (config.yaml): add it there, "
+        "with a `sources` entry"
+    )
+    assert "spend plan" not in run.stderr and "No rule to produce" not in run.stderr
