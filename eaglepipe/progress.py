@@ -14,10 +14,22 @@ PLAIN_LINE_EVERY_S = 30.0
 
 def format_eta(seconds: float | None) -> str:
     if seconds is None:
-        return "?"
+        return "--"
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def eta_seconds(elapsed: float, done: int, left: int, *, minimum: int = 1) -> float | None:
+    """Time for `left` units at the pace of the `done` units this run finished in `elapsed` seconds; None
+    until `minimum` are done. Work done in parallel finishes late and then all at once: the first few
+    answers come at one request's latency, not at the run's throughput, and an ETA from them only climbs
+    while the rest are still in flight."""
+    if left <= 0:
+        return 0.0
+    if done < max(minimum, 1):
+        return None
+    return elapsed / done * left
 
 
 class StepProgress:
@@ -57,7 +69,7 @@ class StepProgress:
         elapsed = max(now - self.started, 1e-9)
         rate = self.counted / elapsed
         left = self.total - self.done
-        eta = elapsed / self.computed * left if self.computed else None
+        eta = eta_seconds(elapsed, self.computed, left)
         share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
         return (
             f"{self.what}: {self.done}/{self.total} {self.unit}{share}, "

@@ -147,7 +147,8 @@ def test_an_engine_set_gets_no_routing_no_key_no_dollars_and_keeps_its_token_ids
     assert not (results / ".ledger").exists()
 
 
-def test_progress_redraws_on_a_terminal_and_prints_plain_lines_in_a_log() -> None:
+def test_progress_redraws_on_a_terminal_and_leaves_a_log_to_the_logger() -> None:
+    """In a log the logger's own progress lines are the only copy: each line once, not twice."""
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
@@ -155,11 +156,11 @@ def test_progress_redraws_on_a_terminal_and_prints_plain_lines_in_a_log() -> Non
     terminal, log = Terminal(), io.StringIO()
     for stream in (terminal, log):
         line = ProgressLine(stream)
-        line.show("a", now=0.0)
-        line.show("b", now=1.0)
+        line.show("a")
+        line.show("b")
         line.close("end")
     assert terminal.getvalue() == "\r\x1b[2Ka\r\x1b[2Kb\r\x1b[2Kend\n"
-    assert log.getvalue() == "a\nend\n"
+    assert log.getvalue() == ""
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from PIL import Image, ImageStat
 from tiny_run import PROMPTS, RESULTS_ROOT, snakemake, tiny_config, write_prompts
 
 from eaglepipe.figures import FIGURES
-from eaglepipe.progress import StepProgress
+from eaglepipe.progress import StepProgress, eta_seconds, format_eta
 
 REPO = Path(__file__).resolve().parent.parent
 # Kept after the run (CI can collect it): what the report looked like in a browser.
@@ -132,6 +132,16 @@ def test_progress_lines_come_at_a_steady_interval_with_speed_and_eta(caplog):
     lines = [record.getMessage() for record in caplog.records]
     assert lines[0] == "training: 3/10 steps (30%), 10 tokens/s, elapsed 0m30s, ETA 1m10s"
     assert len(lines) == 4 and lines[-1].startswith("training: 10/10 steps (100%)")
+
+
+def test_the_eta_waits_for_a_stated_minimum_of_answers_so_that_it_does_not_climb():
+    """The demo's chat set: 24 prompts in flight at once, answers at 31 s (1), 61 s (4), 92 s (8), 123 s (13).
+    From the first answer on, the pace of finished answers gave 11m53s, 5m04s, 2m53s, 1m44s; from half the
+    first wave on, the ETA starts at the last and only falls."""
+    arrivals = [(31.0, 1), (61.0, 4), (92.0, 8), (123.0, 13), (124.0, 20)]
+    etas = [eta_seconds(at, done, 24 - done, minimum=12) for at, done in arrivals]
+    assert etas[:3] == [None, None, None] and [format_eta(eta) for eta in etas[3:]] == ["1m44s", "0m24s"]
+    assert format_eta(None) == "--" and eta_seconds(5.0, 0, 0, minimum=12) == 0.0
 
 
 def test_reused_work_moves_progress_but_not_the_eta(caplog):

@@ -47,7 +47,7 @@ from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streame
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.openrouter.verdict import Verdict, verdict
-from eaglepipe.progress import format_eta
+from eaglepipe.progress import eta_seconds, format_eta
 
 log = logging.getLogger(__name__)
 
@@ -238,11 +238,14 @@ class _Run:
         self.stop_reason: str | None = None
         self.progress = ProgressLine()
         self.started = time.monotonic()
+        self.answers_before_eta = 1
 
     def resume(
         self, prompts: list[dict[str, Any]], reusable: dict[str, dict[str, Any]]
     ) -> list[dict[str, Any]]:
         todo = self.tally.resume(prompts, reusable)
+        # The first wave's answers finish together, late: an ETA from its first few would only climb.
+        self.answers_before_eta = max(1, min(self.settings.concurrency, len(todo)) // 2)
         self.notify()
         return todo
 
@@ -323,8 +326,7 @@ class _Run:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         summary, new = self.summary, self.summary.done - self.summary.resumed
         left = summary.requested - summary.done - summary.failed_permanent - summary.failed_transient
-        rate = new / elapsed
-        eta = left / rate if rate > 0 else None
+        eta = eta_seconds(elapsed, new, left, minimum=self.answers_before_eta)
         spent = self.ledger.view.usd if self.ledger else tally.dollars_this_run
         projected = spent + left * admission.forecast.mean_usd
         errors = " ".join(f"{name}={count}" for name, count in sorted(tally.errors.items())) or "none"
@@ -339,7 +341,9 @@ class _Run:
         return (
             f"{self.dataset}: {summary.done}/{summary.requested} done, "
             f"{tally.tokens_this_run / elapsed:.0f} tok/s, {dollars}{admission.in_flight} in flight "
-            f"{in_flight}, errors {errors}, ETA {format_eta(eta)}" + (f", {note}" if note else "")
+            f"{in_flight}, errors {errors}, ETA {format_eta(eta)}"
+            + ("" if eta is not None else f" until {self.answers_before_eta} answers")
+            + (f", {note}" if note else "")
         )
 
 
@@ -354,7 +358,7 @@ async def _tick_forever(run: _Run, heartbeat: Heartbeat) -> None:
         run.notify()
         now = time.monotonic()
         if run.settings.progress:
-            run.progress.show(run.progress_line(), now)
+            run.progress.show(run.progress_line())
         if now - last_log >= LOG_PROGRESS_EVERY_S:
             last_log = now
             log.info("%s", run.progress_line())

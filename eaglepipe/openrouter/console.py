@@ -6,8 +6,6 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from eaglepipe.progress import PLAIN_LINE_EVERY_S
-
 
 @dataclass
 class ProviderStats:
@@ -51,22 +49,19 @@ def provider_table(stats: dict[str, ProviderStats]) -> str:
 
 
 class ProgressLine:
-    """Redrawn in place on a terminal; plain lines every PLAIN_LINE_EVERY_S otherwise."""
+    """Redrawn in place on a terminal. Elsewhere (a log file, a pipe) it writes nothing: the job's logger
+    already writes the same line there at a steady interval, and a second copy only doubled each line."""
 
     def __init__(self, stream: TextIO = sys.stderr) -> None:
         self.stream = stream
         self.live = stream.isatty()
-        self._last_plain = float("-inf")
 
-    def show(self, text: str, now: float) -> None:
+    def show(self, text: str) -> None:
         if self.live:
             self.stream.write("\r\x1b[2K" + text)
             self.stream.flush()
-        elif now - self._last_plain >= PLAIN_LINE_EVERY_S:
-            self._last_plain = now
-            self.stream.write(text + "\n")
-            self.stream.flush()
 
     def close(self, text: str) -> None:
-        self.stream.write(("\r\x1b[2K" if self.live else "") + text + "\n")
-        self.stream.flush()
+        if self.live:
+            self.stream.write("\r\x1b[2K" + text + "\n")
+            self.stream.flush()
