@@ -69,11 +69,13 @@ demo: install
 test: install cluster-plugins browser vllm-env sglang-env typecheck
 	$(BIN)/pytest --durations=15
 
-# The inner loop: everything but the end-to-end, Slurm, real-vLLM and SGLang tests, two workers (one per
-# core here; most tests wait on a subprocess or a loopback server part of the time), under two minutes.
-# The type check comes first: a few seconds once its cache is warm.
-test-fast: install cluster-plugins typecheck
-	$(BIN)/pytest -n 2 --dist loadfile -m "not slow and not slurm and not vllm and not sglang"
+# The inner loop: everything but the end-to-end, Slurm, cluster-profile, real-vLLM and SGLang tests, two
+# workers (one per core here; most tests wait on a subprocess or a loopback server part of the time), under
+# two minutes. It installs no cluster plugin (the tests marked `cluster` need them), so the Snakemake
+# commands of the venv stay as quick as `make demo` keeps them. The type check comes first: a few seconds
+# once its cache is warm.
+test-fast: install typecheck
+	$(BIN)/pytest -n 2 --dist loadfile -m "not slow and not slurm and not cluster and not vllm and not sglang"
 
 # The report test opens the report in headless Chromium (Debian's `chromium`): installed once, as root
 # (CI runs as root); elsewhere it says what to run.

@@ -62,6 +62,7 @@ def test_profiles_ask_what_the_issue_and_the_plugins_require():
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_the_real_config_through_the_slurm_profile_asks_gpus_memory_and_runtime_per_rule(tmp_path: Path):
     config = tmp_path / "gpu-model.yaml"
     config.write_text(yaml.safe_dump({"cluster": {"gpu_model": "h100", "hidden": {"mem_mb": 1_500_000}}}))
@@ -86,6 +87,7 @@ def test_the_real_config_through_the_slurm_profile_asks_gpus_memory_and_runtime_
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_the_kubernetes_profile_plans_a_run_through_its_storage_layout(model_dir: Path, tmp_path: Path):
     (tmp_path / "sources").mkdir()
     for ds, texts in PROMPTS.items():

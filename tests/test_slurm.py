@@ -38,6 +38,7 @@ from tiny_run import (
 
 pytestmark = [
     pytest.mark.slurm,
+    pytest.mark.cluster,
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("EAGLEPIPE_SKIP_SLURM") == "1", reason="EAGLEPIPE_SKIP_SLURM=1"),
     pytest.mark.skipif(os.geteuid() != 0, reason="installs and starts Slurm: needs root"),
