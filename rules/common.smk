@@ -7,6 +7,7 @@ from pathlib import Path
 from eaglepipe.config import ConfigError, is_local_api, sets_answered_by, validate_config
 from eaglepipe.figures import FIGURES
 from eaglepipe.layout import RunLayout
+from eaglepipe.openrouter.dollars import dollars_param
 from eaglepipe.openrouter.fingerprint import config_fingerprint, engine_fingerprint
 from eaglepipe.openrouter.settings import engine_request_params, operational_params, request_params
 from eaglepipe.target.tiny import TEACHER_FILES, TINY_TARGETS
@@ -98,6 +99,13 @@ def source_inputs(wildcards):
 
 GENERATION_FINGERPRINT = config_fingerprint(config)
 ENGINE_FINGERPRINT = engine_fingerprint(config)
+
+
+def dollar_budget(wildcards):
+    """What a bought set may spend (the generate rule's `dollars` param)."""
+    return dollars_param(
+        config, BOUGHT_SETS, LAYOUT.responses_summary(wildcards.ds), LAYOUT.responses(wildcards.ds)
+    )
 
 
 def generation_settings_input(wildcards):

@@ -416,7 +416,8 @@ def test_heavy_tailed_token_budget_overshoots_at_most_one_percent(tmp_path: Path
         assert 0.97 * budget <= total <= 1.01 * budget
 
 
-def test_two_sets_at_once_share_one_dollar_budget(tmp_path: Path) -> None:
+def test_two_sets_at_once_in_order_share_one_dollar_budget(tmp_path: Path) -> None:
+    """budget.policy in_order: the sets spend the run's budget as they come, and the one it stops fails."""
     usd = 2.0
     with rig(
         tmp_path,
@@ -434,7 +435,7 @@ def test_two_sets_at_once_share_one_dollar_budget(tmp_path: Path) -> None:
         run.configure(
             {"left": 5000, "right": 5000},
             generation={"concurrency": 300, "max_tokens": 2000},
-            budget={"usd": usd, "output_tokens_per_dataset": 10_000_000},
+            budget={"usd": usd, "output_tokens_per_dataset": 10_000_000, "policy": "in_order"},
         )
         done = run.snakemake("--resources", "api=2")
         assert done.returncode != 0  # neither set finished: the dollars ran out first
@@ -447,6 +448,46 @@ def test_two_sets_at_once_share_one_dollar_budget(tmp_path: Path) -> None:
         log_dir = run.workdir / "results" / "logs" / "generate"
         logs = "".join((log_dir / f"{n}.log").read_text() for n in ("left", "right"))
         assert "raise budget.usd" in logs
+
+
+def test_shared_dollars_end_every_set_partial_then_a_raise_buys_only_the_rest(tmp_path: Path) -> None:
+    """budget.policy share: each set may spend its part of budget.usd and ends complete for now with what
+    it bought; raising budget.usd reruns the sets it stopped, which buy only what their journals lack, and
+    not a set the dollars did not stop."""
+    emulator = ("--tokens-per-s", "0", "--latency-s", "0.02", "--mean-tokens", "150", "--length-sigma", "0.5")
+    with rig(tmp_path, *emulator) as run:
+        sets = {"small": 4, "left": 300, "right": 300}
+        budget = {"usd": 0.15, "output_tokens_per_dataset": 10_000_000}
+        run.configure(sets, generation={"concurrency": 20, "max_tokens": 600}, budget=budget)
+        done = run.snakemake("--resources", "api=2")
+        assert done.returncode == 0, done.stderr[-3000:]
+        summaries = {name: run.summary(name) for name in sets}
+        assert summaries["small"]["ended_because"] == "all_done" and summaries["small"]["partial"] is None
+        for name in ("left", "right"):
+            assert summaries[name]["ended_because"] == "dollar_budget"
+            assert summaries[name]["partial"] == "dollar_budget"
+            assert 0 < len(run.responses(name)) < sets[name]
+            assert summaries[name]["dollars"] <= 0.05 + 1e-9  # its share: $0.15 over three sets
+        assert run.ledger_usd() <= 0.15 + 1e-9
+        assert "raise budget.usd" in done.stderr
+        billed_first = run.stats()["requests_billed"]
+        small_before = (run.workdir / "results" / "small" / "responses.jsonl").stat().st_mtime_ns
+
+        run.configure(sets, generation={"concurrency": 20, "max_tokens": 600}, budget={**budget, "usd": 100})
+        plan = run.snakemake("-n")
+        assert plan.returncode == 0, plan.stderr[-3000:]
+        planned = plan.stdout + plan.stderr
+        assert "output: results/left/responses.jsonl" in planned
+        assert "output: results/small/responses.jsonl" not in planned
+        done = run.snakemake("--resources", "api=2")
+        assert done.returncode == 0, done.stderr[-3000:]
+        for name in ("left", "right"):
+            assert run.summary(name)["ended_because"] == "all_done"
+            assert len(run.responses(name)) == sets[name]
+        bought = [record["prompt_id"] for name in sets for record in run.journal(name)]
+        assert len(bought) == len(set(bought)) == sum(sets.values())
+        assert billed_first < run.stats()["requests_billed"] == sum(sets.values())
+        assert (run.workdir / "results" / "small" / "responses.jsonl").stat().st_mtime_ns == small_before
 
 
 def test_the_seeds_in_flight_budget_at_2000_in_flight_finishes_the_set_unattended(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ class Admission:
         prompt_usd_per_token: float,
         output_token_budget: int | None,
         usd_budget: float | None,
+        set_usd_budget: float | None = None,
     ) -> None:
         self.dataset = dataset
         self.concurrency = concurrency
@@ -50,6 +51,7 @@ class Admission:
         self.prompt_usd_per_token = prompt_usd_per_token
         self.output_token_budget = output_token_budget
         self.usd_budget = usd_budget
+        self.set_usd_budget = set_usd_budget
         self.limit = AdaptiveLimit(concurrency)
         self.forecast = Forecast(max_tokens, expected_request_usd)
         self.others = OtherJobs()
@@ -125,7 +127,24 @@ class Admission:
                     f"budget.usd {self.usd_budget:g} reached (${spent:.4f} spent by the run): "
                     "raise budget.usd to go on"
                 )
+            if self.set_usd_budget is not None:
+                return self._share_verdict(ledger, self.set_usd_budget)
         return None
+
+    def _share_verdict(self, ledger: RunLedger, share: float) -> tuple[str, str] | None:
+        """Under budget.policy `share`: this set's own spending, every run of it included, against its
+        part of budget.usd; what is in flight elsewhere belongs to other sets' parts."""
+        spent = ledger.view.usd_by_set.get(self.dataset, 0.0)
+        unpriced = ledger.view.unresolved_count_of(self.dataset, self.live_ids)
+        worst = self.expected_request_usd or self.forecast.mean_usd
+        if spent + unpriced * worst + self.forecast.committed_usd() <= share:
+            return None
+        if self.in_flight:
+            return "wait", ""
+        return "dollar_budget", (
+            f"this set's share of budget.usd reached (${spent:.4f} of ${share:.4f}, "
+            "budget.policy share): raise budget.usd to buy the rest"
+        )
 
     def reserved_elsewhere(self, ledger: RunLedger | None) -> float:
         """Dollars other jobs have in flight, plus this set's requests that may have been billed but are

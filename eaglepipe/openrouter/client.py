@@ -108,6 +108,10 @@ class GenerationSummary:
     failures: list[dict[str, Any]] = field(default_factory=list)
     emulated: bool = False
     max_tokens: int = 0
+    # The dollars the set ran under (the rule's `dollars` param), and `dollar_budget` when its share of
+    # budget.usd ended it with fewer answers than prompts: complete for now, the rest bought on a raise.
+    dollar_budget: dict[str, Any] | None = None
+    partial: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The summary file, with what a reader would otherwise have to look up: what `truncated` counts,
@@ -223,6 +227,7 @@ class _Run:
             prompt_usd_per_token=settings.prompt_usd_per_token,
             output_token_budget=settings.output_token_budget,
             usd_budget=settings.usd_budget,
+            set_usd_budget=settings.set_usd_budget,
         )
         self.tally = Tally(summary, settings.max_tokens, self.admission.forecast)
         self.health = ProviderHealth(

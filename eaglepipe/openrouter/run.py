@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,12 @@ import anyio
 
 from eaglepipe.io import atomic_write, write_json
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, UsabilityProbe, generate_set
+from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.secrets import ApiKey
+
+log = logging.getLogger(__name__)
 
 # A set is complete when every prompt was answered or when its token budget was reached: only the
 # configured budgets end a set (raising one reruns the job, which resumes from the journal).
@@ -22,7 +26,8 @@ COMPLETE = {"all_done", "token_budget"}
 # What to do about an unfinished set, by `ended_because`; anything else is resumed by a plain rerun.
 ADVICE = {
     "failures": "see the summary for why; rerun to retry them",
-    "dollar_budget": "raise budget.usd, then rerun to resume",
+    "dollar_budget": "raise budget.usd, then rerun to resume (or budget.policy: share, to train on what "
+    "every set bought)",
     "no_usable_provider": "the summary's `breaker` says what each provider returned; fix routing, then rerun",
     "foreign_provider": "refresh providers.json (snakemake --forcerun providers), then rerun",
 }
@@ -57,10 +62,12 @@ def generate_responses(
     settings: GenerationSettings,
     api_key: ApiKey | None,
     probe: UsabilityProbe | None = None,
+    dollars: DollarBudget | None = None,
 ) -> GenerationSummary:
     """Generate what the journal lacks, write the summary, then either write `responses.jsonl` (in prompt
     order, atomically) or raise, leaving it unwritten so Snakemake sees the job failed. `ledger_dir` is the
-    run-wide ledger this set's spending is booked in, as `dataset`."""
+    run-wide ledger this set's spending is booked in, as `dataset`; `dollars`, the budget it ran under
+    (recorded in the summary), says whether a set its share of budget.usd stopped is complete for now."""
     prompts = read_prompt_set(prompts_path)
     run_set = functools.partial(
         generate_set,
@@ -73,8 +80,11 @@ def generate_responses(
         probe=probe,
     )
     summary = anyio.run(run_set)
+    summary.dollar_budget = dollars.to_param() if dollars else None
+    if _partial_for_now(summary, dollars):
+        summary.partial = "dollar_budget"
     write_json(summary_path, summary.to_json())
-    if summary.ended_because not in COMPLETE:
+    if summary.ended_because not in COMPLETE and summary.partial is None:
         advice = ADVICE.get(summary.ended_because, "rerun to resume")
         raise OpenRouterError(
             f"{prompts_path}: {summary.done}/{summary.requested} prompts done, "
@@ -84,4 +94,21 @@ def generate_responses(
     records = load_done(journal_dir, settings.fingerprint)
     lines = [json.dumps(records[p["id"]], ensure_ascii=False) + "\n" for p in prompts if p["id"] in records]
     atomic_write(out_path, lambda tmp: tmp.write_text("".join(lines), encoding="utf-8"))
+    if summary.partial:
+        log.warning(
+            "%s: its share of budget.usd bought %d of %d prompts ($%.4f); complete for now, trained on as it "
+            "is: raise budget.usd and rerun to buy the rest",
+            out_path, summary.done, summary.requested, summary.dollars,
+        )
     return summary
+
+
+def _partial_for_now(summary: GenerationSummary, dollars: DollarBudget | None) -> bool:
+    """Under budget.policy `share`, the dollars ending a set leave it complete with what it bought; a
+    set they ended before its first answer has nothing to train on and stays unfinished."""
+    return (
+        summary.ended_because == "dollar_budget"
+        and dollars is not None
+        and dollars.partial_when_spent
+        and summary.done > 0
+    )

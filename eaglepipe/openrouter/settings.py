@@ -90,6 +90,8 @@ class GenerationSettings:
     output_token_budget: int | None
     usd_budget: float | None
     max_failed_fraction: float
+    # Under budget.policy `share`, this set's part of usd_budget (eaglepipe/openrouter/dollars.py).
+    set_usd_budget: float | None = None
     stream: bool
     return_token_ids: bool
     # Ask for each output token's logprob and bytes (exact ids for the token stage where providers send them).
@@ -133,6 +135,7 @@ class GenerationSettings:
         output_token_budget: int | None,
         usd_budget: float | None,
         max_failed_fraction: float,
+        set_usd_budget: float | None = None,
         emulated: bool = False,
     ) -> GenerationSettings:
         """From the validated `generation` section, the endpoints routing kept (providers.json), and what
@@ -159,6 +162,7 @@ class GenerationSettings:
             request_timeout_s=generation["request_timeout_s"],
             output_token_budget=output_token_budget,
             usd_budget=usd_budget,
+            set_usd_budget=set_usd_budget,
             expected_request_usd=max_request_usd(kept, generation["max_tokens"]),
             prompt_usd_per_token=dearest_price(kept, "prompt"),
             stream=generation["stream"],

@@ -19,6 +19,7 @@ from eaglepipe.config import is_local_api, sets_answered_by
 from eaglepipe.io import write_json
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.client import GenerationSummary
+from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
 from eaglepipe.openrouter.run import generate_responses
@@ -110,7 +111,7 @@ def run_generation(
     dataset: str,
     fingerprint: str,
     output_token_budget: int,
-    usd_budget: float,
+    dollars: DollarBudget,
     max_failed_fraction: float,
     emulator_log: Path | None = None,
     threads: int = 1,
@@ -137,13 +138,15 @@ def run_generation(
             kept=providers["kept"],
             provider_obj=provider_request(providers["kept"], policy),
             output_token_budget=output_token_budget,
-            usd_budget=usd_budget,
+            usd_budget=dollars.run_usd,
+            set_usd_budget=dollars.set_usd,
             max_failed_fraction=max_failed_fraction,
             emulated=api.local,
         )
         probe = probe_future.result()
         summary = generate_responses(
-            prompts_path, responses_path, summary_path, journal_dir, ledger_dir, dataset, settings, key, probe
+            prompts_path, responses_path, summary_path, journal_dir, ledger_dir, dataset, settings, key,
+            probe, dollars,
         )
     log.info(
         "%s: %d done (%d resumed, %d truncated at max_tokens %d), %d tokens, $%.4f%s",
