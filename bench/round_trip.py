@@ -49,8 +49,10 @@ def run(sets: list[str], max_tokens: int, engine: bool, workdir: Path) -> dict[s
     workdir.mkdir(parents=True)
     (workdir / "run.yaml").write_text(yaml.safe_dump(config(sets, max_tokens, engine)))
     targets = [f"results/{ds}/tokens.json" for ds in sets]
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-               "--configfile", str(workdir / "run.yaml"), "--cores", "2", "--resources", "api=1", *targets]
+    # Targets first: the spend plan reads them from the command line.
+    command = [sys.executable, "-m", "snakemake", *targets, "-s", str(REPO / "Snakefile"),
+               "--directory", str(workdir), "--configfile", str(workdir / "run.yaml"),
+               "--cores", "2", "--resources", "api=1"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
