@@ -1,4 +1,4 @@
-"""What every Snakemake job shares: logging into its `log:` file, a thread cap, one-line errors."""
+"""What every Snakemake job shares: logging into its `log:` file, a thread cap, one-line errors and stops."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+# The shell's status for a command ended by Ctrl-C (128 + SIGINT).
+INTERRUPTED_STATUS = 130
+
+
+class JobStopped(KeyboardInterrupt):
+    """A Ctrl-C that the job caught, with what it kept (e.g. "37 answers kept") for its last line."""
 
 
 @contextmanager
@@ -26,6 +33,11 @@ def snakemake_job(smk: Any) -> Iterator[logging.Logger]:
     logger = logging.getLogger(f"eaglepipe.job.{smk.rule}")
     try:
         yield logger
+    except KeyboardInterrupt as stop:
+        # Ctrl-C is a request, not a failure of ours: one line saying what is kept and how to go on.
+        kept = f"{stop}, " if isinstance(stop, JobStopped) else ""
+        logger.warning("stopped: %srerun the same command to resume", kept)
+        sys.exit(INTERRUPTED_STATUS)
     except Exception as error:
         if type(error).__module__.startswith("eaglepipe"):
             logger.error("%s", error)

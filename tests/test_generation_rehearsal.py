@@ -210,6 +210,41 @@ def test_sigkill_mid_run_then_rerun_buys_each_prompt_once(tmp_path: Path) -> Non
         assert run.ledger_usd() <= final["usd_charged"] + 1e-9
 
 
+def test_ctrl_c_ends_the_job_with_one_line_and_a_rerun_buys_only_the_rest(tmp_path: Path) -> None:
+    """Ctrl-C as a terminal sends it, to the whole foreground process group: the job's own output ends with
+    one line saying what it kept, no traceback; the same command then resumes without buying twice."""
+    prompts = 200
+    with rig(tmp_path, "--tokens-per-s", "10", "--latency-s", "1.0", "--mean-tokens", "40") as run:
+        run.configure(
+            {"ctrlc": prompts},
+            generation={"concurrency": 50, "max_tokens": 200},
+            budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
+        )
+        process = subprocess.Popen(
+            run.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run.env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 120
+        while len(run.journal("ctrlc")) < 10:
+            assert process.poll() is None, "snakemake ended before the Ctrl-C"
+            assert time.monotonic() < deadline, f"never journaled 10 answers: {run.stats()}"
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+        at_stop, journaled = run.stats(), len(run.journal("ctrlc"))
+        assert process.returncode != 0 and 0 < journaled < prompts
+
+        job_output = output.split("localrule generate:")[1].split("RuleException")[0].strip().splitlines()
+        assert job_output[-1].endswith(f"stopped: {journaled} answers kept, rerun the same command to resume")
+        assert "Traceback" not in output and "KeyboardInterrupt" not in output
+        assert "eaglepipe: job generate (ds=ctrlc) stopped by Ctrl-C: see" in output
+
+        rerun = run.snakemake()
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert len({record["prompt_id"] for record in run.responses("ctrlc")}) == prompts
+        assert run.stats()["requests_received"] - at_stop["requests_received"] == prompts - journaled
+
+
 def test_answers_cut_by_a_kill_are_journaled_from_stored_content_not_bought_again(tmp_path: Path) -> None:
     """The account stores content; the provider runs out every stream the kill cut and bills it. The
     rerun's start finds them in `/generation`, journals their stored text (`recovered_content`) and buys

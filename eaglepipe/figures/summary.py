@@ -84,12 +84,14 @@ def run_table(run: RunOutputs, *, emulated: bool = False) -> str:
 
 
 ERROR_HEADER = re.compile(r"^Error in rule (\w+):")
+# Snakemake's line when Ctrl-C reached it: the jobs it then reports as errors were stopped, not broken.
+INTERRUPTED = "Terminating processes on user request"
 FIELD = re.compile(r"^\s+(jobid|log|wildcards): (.+?)(?: \(check log file\(s\) for error details\))?$")
 
 
 def failed_jobs(snakemake_log: str | Path | list[str | Path]) -> list[str]:
-    """One line per failed job, from Snakemake's own run log (`log` in `onerror`: a list of paths in
-    Snakemake 9): the rule, its wildcards (from the job's start block) and its log file."""
+    """One line per failed (or Ctrl-C-stopped) job, from Snakemake's own run log (`log` in `onerror`: a list
+    of paths in Snakemake 9): the rule, its wildcards (from the job's start block) and its log file."""
     paths = [snakemake_log] if isinstance(snakemake_log, str | Path) else list(snakemake_log or [])
     lines = [line for path in paths if Path(path).is_file()
              for line in Path(path).read_text(errors="replace").splitlines()]
@@ -108,9 +110,10 @@ def failed_jobs(snakemake_log: str | Path | list[str | Path]) -> list[str]:
                 failures[-1][key] = value
             elif key == "wildcards" and jobid is not None:
                 wildcards[jobid] = value
+    ended = "stopped by Ctrl-C" if any(line.startswith(INTERRUPTED) for line in lines) else "failed"
     out = []
     for failure in failures:
         where = f" ({wildcards[failure['jobid']]})" if failure.get("jobid") in wildcards else ""
         log = failure.get("log", "no log file declared")
-        out.append(f"eaglepipe: job {failure['rule']}{where} failed: see {log}")
+        out.append(f"eaglepipe: job {failure['rule']}{where} {ended}: see {log}")
     return out

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 
 from eaglepipe.io import atomic_write, write_json
+from eaglepipe.jobs import JobStopped
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, UsabilityProbe, generate_set
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
@@ -79,7 +80,10 @@ def generate_responses(
         dataset=dataset,
         probe=probe,
     )
-    summary = anyio.run(run_set)
+    try:
+        summary = anyio.run(run_set)
+    except KeyboardInterrupt:  # the journal closed with every answer received so far: a rerun resumes
+        raise JobStopped(f"{len(load_done(journal_dir, settings.fingerprint))} answers kept") from None
     summary.dollar_budget = dollars.to_param() if dollars else None
     if _partial_for_now(summary, dollars):
         summary.partial = "dollar_budget"
