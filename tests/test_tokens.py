@@ -4,6 +4,7 @@ billed counts compared, per-sample methods and flags, the server's prompt ids an
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from eaglepipe.target.chat import render_prompt_ids, stop_token_id
 from eaglepipe.target.load import load_target, load_tokenizer
 from eaglepipe.tokens.build import TokensError, build_tokens
 from eaglepipe.tokens.methods import Flag, Method
+from eaglepipe.tokens.probe import usability_probe
 
 PROMPTS = [
     {"id": "p-greet", "messages": [{"role": "user", "content": "Say hello to Ada."}]},
@@ -181,3 +183,30 @@ def test_stale_responses_stop_with_one_line(tmp_path, model_dir, greedy):
     stale = record("p-greet", tokenizer, answers) | {"prompt_id": "gone"}
     with pytest.raises(TokensError, match="prompt id gone is not in .*rerun generation"):
         run(tmp_path, model_dir, [stale])
+
+
+def test_the_usability_probe_gives_the_same_verdicts_from_many_threads_at_once(model_dir):
+    """Generation runs the probe in worker threads, several answers at once: sound answers checked
+    together must stay sound (a race once made them fail as prompt_without_generation_prompt)."""
+    probe = usability_probe(model_dir)
+    assert probe is not None
+    prompts = [
+        {"id": f"p{n}", "messages": [{"role": "user", "content": f"Why is {n} * {n} = {n * n}?"}]}
+        for n in range(24)
+    ]
+    records = [
+        {
+            "prompt_id": prompt["id"],
+            "request": {"model": "local/smollm2-135m-instruct"},
+            "response": {"content": f"Because {n} times {n} is {n * n}.", "reasoning": None, "tool_calls": [],
+                         "finish_reason": "length"},
+            "provider": "Chutes",
+            "usage": {"prompt_tokens": 40, "completion_tokens": 12},
+        }
+        for n, prompt in enumerate(prompts)
+    ]
+    pairs = list(zip(prompts, records, strict=True)) * 4
+    assert [probe(prompt, record) for prompt, record in pairs] == [None] * len(pairs)
+    with ThreadPoolExecutor(8) as pool:
+        verdicts = list(pool.map(lambda pair: probe(*pair), pairs))
+    assert verdicts == [None] * len(pairs)

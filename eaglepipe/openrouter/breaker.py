@@ -133,10 +133,13 @@ class ProviderHealth:
         problem = await anyio.to_thread.run_sync(self.probe, prompt, record)
         if problem is not None:
             log.warning(
-                "prompt %s: the answer of %s fails the token stage's check (%s)",
+                "prompt %s: the answer of %s cannot be trained on (the token stage's check: %s): kept in the "
+                "journal, the token stage drops it; a strike against %s, whom enough strikes drop "
+                "(generation.breaker_strikes): nothing to do unless providers get dropped",
                 prompt["id"],
                 provider,
                 problem,
+                provider,
             )
             self.strike(provider, f"unusable answer: {problem}")
 

@@ -14,6 +14,7 @@ text it holds.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,15 @@ def usability_probe(target_dir: Path) -> Callable[[dict[str, Any], dict[str, Any
         log.warning("no usability probe: the target's tokenizer at %s cannot be loaded (%s)", target_dir, err)
         return None
     rebuilder = Rebuilder(chat, PROBE_SETTINGS)
+    # Generation calls the probe from worker threads, several answers at once, and the rebuild is not
+    # thread-safe: run concurrently, sound answers came out as prompt_without_generation_prompt.
+    one_at_a_time = threading.Lock()
 
     def problem(prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
+        with one_at_a_time:
+            return _problem(prompt, record)
+
+    def _problem(prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
         try:
             (sample,) = rebuilder.rebuild({prompt["id"]: prompt}, [record], "usability probe").samples
         except ValueError as err:  # a prompt the token stage cannot render is not the provider's fault
