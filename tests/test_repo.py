@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from eaglepipe.envs import derived_files, read_pins
@@ -24,6 +25,13 @@ def test_snakemake_lint_is_clean():
         [sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_license_is_the_spdx_string_setuptools_reads_without_a_deprecation_warning():
+    """A TOML table (`{text = ...}`) makes `pip install -e .` warn twice; the string needs setuptools 77."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["license"] == "Apache-2.0"
+    assert pyproject["build-system"]["requires"] == ["setuptools>=77"]
 
 
 def test_derived_environments_agree_with_the_pins():
