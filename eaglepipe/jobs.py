@@ -9,12 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.processes import JobStopped
+
 # The shell's status for a command ended by Ctrl-C (128 + SIGINT).
 INTERRUPTED_STATUS = 130
-
-
-class JobStopped(KeyboardInterrupt):
-    """A Ctrl-C that the job caught, with what it kept (e.g. "37 answers kept") for its last line."""
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""Child servers that never outlive the job that started them (the emulator, a generation engine)."""
+"""Child servers that never outlive the job that started them (the emulator, a generation engine), and
+the stop a job's own Ctrl-C handling reports."""
 
 from __future__ import annotations
 
@@ -41,3 +42,7 @@ def last_log_line(log_path: Path) -> str:
     except OSError:
         return "no log"
     return lines[-1].strip() if lines else "empty log"
+
+
+class JobStopped(KeyboardInterrupt):
+    """A Ctrl-C that the job caught, with what it kept (e.g. "37 answers kept") for its last line."""

@@ -12,12 +12,12 @@ from typing import Any
 import anyio
 
 from eaglepipe.io import atomic_write, write_json
-from eaglepipe.jobs import JobStopped
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, UsabilityProbe, generate_set
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.secrets import ApiKey
+from eaglepipe.processes import JobStopped
 
 log = logging.getLogger(__name__)
 
