@@ -28,7 +28,9 @@ def test_real_config_is_valid_and_gets_defaults():
         "usd": 100,
         "output_tokens_per_dataset": 10_000_000,
         "price_per_m_tokens": {"input": 0.60, "output": 3.00},
+        "policy": "share",
     }
+    assert config["plan"] == {"tokens_per_s_per_request": 15, "gpu_tflops": 400}
     assert config["routing"]["quantizations"] == ["int4"]
     assert config["tokens"]["on_mismatch"] == "drop"
     assert config["datasets"] == [f"B{i}" for i in range(1, 9)]

@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 
 from eaglepipe.config import validate_config
 from eaglepipe.layout import RunLayout
-from eaglepipe.plan import command_line_targets, sets_named_by
+from eaglepipe.plan import command_line_targets, goal_of, sets_named_by
 from eaglepipe.plan.estimate import spend_plan, target_hidden_size
 from eaglepipe.plan.model import Prices
 from eaglepipe.plan.table import format_plan
@@ -37,7 +37,7 @@ def make_config(tmp_path: Path, datasets: list[str], **sections) -> dict:
         "hidden": {"dtype": "bfloat16"},
     }
     for name, values in sections.items():
-        config[name] = {**config[name], **values}
+        config[name] = {**config.get(name, {}), **values}
     return validate_config(config, REPO / "schemas" / "config.schema.yaml")
 
 
@@ -154,10 +154,11 @@ def test_dollars_use_the_dearest_kept_endpoint_on_each_side(tmp_path):
     assert "price: $1/M input, $100/M output" in format_plan(plan)
 
 
-def test_the_remaining_budget_covers_sets_in_config_order(tmp_path):
+def test_in_order_the_remaining_budget_covers_sets_in_config_order(tmp_path):
     # Each set: 2 prompts, 200 input tokens at $1/M and 2 x 5,000 output tokens at $100/M: $1.0002.
     generation = {"max_tokens": 5000, "expected_completion_tokens": 5000}
-    config = make_config(tmp_path, ["A", "B", "C"], generation=generation, budget={"usd": 3.0})
+    budget = {"usd": 3.0, "policy": "in_order"}
+    config = make_config(tmp_path, ["A", "B", "C"], generation=generation, budget=budget)
     for ds in ("A", "B", "C"):
         write_prompts(tmp_path, ds, 2)
     write_providers(tmp_path)
@@ -178,8 +179,108 @@ def test_the_remaining_budget_covers_sets_in_config_order(tmp_path):
     text = format_plan(plan)
     assert "$1.5000 spent so far, $1.50 left" in text
     assert "covers fully: A" in text and "covers partly: B" in text and "does not cover: C" in text
+    assert "(budget.policy in_order); B, C stop short and fail, so no drafter" in text
     config["budget"]["usd"] = 1.0  # already overspent: nothing more is covered
     assert [item.coverage for item in plan_of(tmp_path, config).sets] == ["no", "no", "no"]
+
+
+def test_shared_dollars_give_every_set_its_part_less_what_it_spent(tmp_path):
+    # Each set costs $1.0002 (as above); $1.50 over three sets is $0.50 each, of which A spent $0.25.
+    generation = {"max_tokens": 5000, "expected_completion_tokens": 5000}
+    config = make_config(tmp_path, ["A", "B", "C"], generation=generation, budget={"usd": 1.5})
+    for ds in ("A", "B", "C"):
+        write_prompts(tmp_path, ds, 2)
+    write_providers(tmp_path)
+    write_lines(
+        tmp_path / "results" / ".ledger" / "ledger.jsonl",
+        [{"event": "billed", "set": "A", "prompt_id": "x", "generation_id": "g1", "usd": 0.25}],
+    )
+
+    plan = plan_of(tmp_path, config)
+
+    assert plan.share_usd == pytest.approx(0.5)
+    assert [item.coverage for item in plan.sets] == ["partly", "partly", "partly"]
+    bought = [item.bought_output_tokens / item.output_tokens for item in plan.sets]
+    assert bought == pytest.approx([0.25 / 1.0002, 0.5 / 1.0002, 0.5 / 1.0002], rel=1e-3)
+    text = format_plan(plan)
+    assert "covers partly: A (25%), B (50%), C (50%)" in text
+    assert "In short: with $1.50: 3 sets x up to $0.50 each, 12,498 of 30,000 output tokens, then a " in text
+    config["budget"]["usd"] = 0.75  # A's share, $0.25, is spent: it gets nothing more, and so no drafter
+    short = format_plan(plan_of(tmp_path, config)).splitlines()[-1]
+    assert "leaves A nothing of its share, so no answers and no drafter" in short
+
+
+def kimi_like_target(target: Path) -> None:
+    """A DeepSeek-V3-shaped config.json (MLA, a dense first layer, routed and shared experts)."""
+    text = {
+        "hidden_size": 64, "num_hidden_layers": 3, "vocab_size": 1000, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "intermediate_size": 256, "moe_intermediate_size": 32,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+        "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
+    }
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps(text))
+
+
+def test_the_plan_tells_time_from_the_rates_it_names(tmp_path):
+    generation = {"max_tokens": 1000, "expected_completion_tokens": 500, "concurrency": 10}
+    config = make_config(
+        tmp_path, ["A"], generation=generation, budget={"usd": 1000},
+        plan={"tokens_per_s_per_request": 5, "gpu_tflops": 1e-6}, hidden={"gpus": 2}, drafter={"gpus": 1},
+    )
+    write_prompts(tmp_path, "A", 4)
+    write_providers(tmp_path)
+    kimi_like_target(tmp_path / "target")
+
+    plan = plan_of(tmp_path, config)
+
+    # 4 answers x 500 tokens at 10 in flight x 5 tokens/s: 40 s.
+    assert plan.hours.generation_s == pytest.approx(40)
+    # MLA: q 64x16 + 16x4x24, kv 64x40 + 32x4x32, o 4x16x64; MLPs: one dense 3x64x256, two MoE layers of
+    # 3 experts' 3x64x32 plus the router 64x8; the LM head 64x1000.
+    attention = 64 * 16 + 16 * 4 * 24 + 64 * 40 + 32 * 4 * 32 + 4 * 16 * 64
+    active = 3 * attention + 3 * 64 * 256 + 2 * (3 * 64 * 32 * 3 + 64 * 8) + 64 * 1000
+    assert plan.hours.active_parameters == active
+    hidden_tokens = sum(item.hidden_tokens for item in plan.sets)
+    assert hidden_tokens == 4 * 100 + 4 * 500
+    assert plan.hours.hidden_gpu_h == pytest.approx(hidden_tokens * 2 * active / 1e6 / 3600)  # 1e-6 TFLOP/s
+    assert plan.hours.train_gpu_h > 0
+    text = format_plan(plan)
+    assert "time, generation: about 40 s at 10 in flight (generation.concurrency) x 5 output tokens/s" in text
+    assert "GPU-hours" in text and "on 2 GPU(s) (hidden.gpus)" in text
+    assert "(the target's config.json)" in text
+    assert "time, training: about" in text and "on 1 GPU(s) (drafter.gpus)" in text
+
+
+@pytest.mark.parametrize(
+    ("targets", "then", "hidden", "training"),
+    [
+        ([], "then a drafter trained on them", True, True),
+        (["results/A/hidden.done"], "then the hidden states of A", True, False),
+        (["results/A/tokens.json"], "then the token ids of A", False, False),
+        (["results/A/responses.jsonl"], "then the answers of A", False, False),
+    ],
+)
+def test_each_kind_of_target_gets_the_sentences_that_fit_it(tmp_path, targets, then, hidden, training):
+    config = make_config(tmp_path, ["A", "B"], budget={"usd": 1000})
+    for ds in ("A", "B"):
+        write_prompts(tmp_path, ds, 4)
+    write_providers(tmp_path)
+    layout = RunLayout(tmp_path / "results", tmp_path / "prompts")
+    argv = ["snakemake", "-n", *[str(tmp_path / target) for target in targets]]
+    scope = sets_named_by(argv[2:], config["datasets"], layout)
+    goal = goal_of(argv[2:], config["datasets"], layout)
+    text = format_plan(spend_plan(config, scope, FINGERPRINT, layout=layout, goal=goal))
+
+    assert text.splitlines()[-1].startswith("In short: $1,000.00 buys every set left")
+    assert text.splitlines()[-1].endswith(f", {then}.")
+    assert ("drafter" in text.splitlines()[-1]) == training
+    assert ("time, hidden states:" in text) == hidden
+    assert ("time, training:" in text) == training
+    assert "time, generation: about" in text
 
 
 def test_prices_are_unknown_without_providers_json_or_for_another_model(tmp_path):

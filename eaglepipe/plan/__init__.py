@@ -33,6 +33,24 @@ def sets_named_by(targets: Iterable[str], datasets: list[str], layout: RunLayout
     return [ds for ds in datasets if ds in named]
 
 
+# What a set's file is the output of, furthest stage first: a command's goal is the furthest it names.
+GOALS = (("hidden", "hidden states"), ("tokens", "token ids"), ("responses", "answers"))
+
+
+def goal_of(targets: Iterable[str], datasets: list[str], layout: RunLayout) -> str:
+    """What the command builds (SpendPlan.goal): a drafter unless every target is one set's file, else the
+    furthest stage those files belong to."""
+    targets = list(targets)
+    files = [_set_file(target, datasets, layout) for target in targets]
+    if not targets or any(kind is None for kind, _ in files):
+        return "drafter"
+    names = [Path(target).name for target, (kind, _) in zip(targets, files, strict=True) if kind == "set"]
+    for stem, goal in GOALS:
+        if any(name.startswith(stem) for name in names):
+            return goal
+    return "answers"
+
+
 def _set_file(path: str, datasets: list[str], layout: RunLayout) -> tuple[str | None, str]:
     """("set", ds) for a file in a set's folder, ("prompts", ds) for a built prompt set, else (None, "")."""
     parts, root, prompts = _parts(path), _parts(layout.results), _parts(layout.prompts)
@@ -77,7 +95,7 @@ def print_spend_plan(
         could_narrow = any(_set_file(word, datasets, layout)[0] for word in argv[1:])
         targets = command_line_targets(argv) if could_narrow else []
         scope = sets_named_by(targets, datasets, layout)
-        plan = spend_plan(config, scope, fingerprint, layout=layout)
+        plan = spend_plan(config, scope, fingerprint, layout=layout, goal=goal_of(targets, datasets, layout))
     except Exception as error:  # whatever breaks an estimate must not block the run
         print(f"eaglepipe: no spend plan ({type(error).__name__}: {error})", file=stream)
         return

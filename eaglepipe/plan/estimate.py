@@ -9,15 +9,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglepipe.config import answer_source, is_local_api
+from eaglepipe.config import answer_source, is_local_api, sets_answered_by
 from eaglepipe.hidden.storage import bytes_per_token, capped_tokens
 from eaglepipe.io import read_jsonl
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
+from eaglepipe.openrouter.dollars import planned_budget
 from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.journal import tally_done
 from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import dearest_price
+from eaglepipe.plan.hours import plan_hours
 from eaglepipe.plan.model import UNKNOWN, Prices, SetPlan, SpendPlan
 from eaglepipe.prompts.size import prompt_json_bytes
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
@@ -58,9 +60,11 @@ def spend_plan(
     fingerprint: str,
     *,
     layout: RunLayout,
+    goal: str = "drafter",
 ) -> SpendPlan:
     """The plan for `datasets` (in config order) from a validated config and the files of one results
-    root: its per-set folders, providers.json and ledger, nothing outside it."""
+    root: its per-set folders, providers.json and ledger, nothing outside it. `goal`: what the command
+    builds of them (SpendPlan.goal)."""
     target_dir = Path(config["target"]["path"])
     prices = dearest_prices(layout.providers, config["api"]["model"]) or configured_prices(config)
     hidden_size, hidden_size_source = target_hidden_size(target_dir), "the target's config.json"
@@ -73,11 +77,22 @@ def spend_plan(
         _plan_set(config, ds, layout, fingerprint, prices, count_input, bytes_per_token)
         for ds in datasets
     ]
-    spent = read_ledger(layout.ledger).usd
+    ledger = read_ledger(layout.ledger)
+    spent = ledger.usd
     budget = float(config["budget"]["usd"])
+    bought_sets = sets_answered_by(config, "openrouter", config["datasets"])
+    dollars = planned_budget(config, bought_sets)
+    if dollars.set_usd is None:
+        covered = with_coverage(sets, max(budget - spent, 0.0))
+    else:
+        covered = with_shares(sets, dollars.set_usd, ledger.usd_by_set)
+    covered = [_with_hidden_tokens(item, config["hidden"], bytes_per_token) for item in covered]
+    architecture = target_architecture(target_dir)
+    hidden_tokens = _sum_known(item.hidden_tokens for item in covered if item.status != "done")
+    output_tokens = _sum_known(item.bought_output_tokens for item in covered if item.status == "generate")
     return SpendPlan(
         results=layout.results,
-        sets=with_coverage(sets, max(budget - spent, 0.0)),
+        sets=covered,
         prices=prices,
         input_method=count_input.method,
         max_tokens=config["generation"]["max_tokens"],
@@ -89,6 +104,10 @@ def spend_plan(
         dtype=config["hidden"]["dtype"],
         hidden_caps=_caps(config["hidden"]),
         emulated=is_local_api(config),
+        policy=dollars.policy,
+        share_usd=dollars.set_usd,
+        goal=goal,
+        hours=plan_hours(config, architecture, output_tokens, hidden_tokens),
     )
 
 
@@ -120,10 +139,17 @@ def configured_prices(config: dict[str, Any]) -> Prices | None:
 
 def target_hidden_size(target_dir: Path) -> int | None:
     """From the target's config.json, once it is there (`architecture.TargetArchitecture`)."""
+    architecture = target_architecture(target_dir)
+    return None if architecture is None else architecture.hidden_size
+
+
+def target_architecture(target_dir: Path) -> TargetArchitecture | None:
     try:
-        return TargetArchitecture.from_dir(target_dir).hidden_size
+        architecture = TargetArchitecture.from_dir(target_dir)
+        architecture.hidden_size  # noqa: B018  (a config.json without it is no target's yet)
     except TargetConfigError:
         return None
+    return architecture
 
 
 def shard_bytes_per_token(hidden_size: int | None, dtype: str) -> int | None:
@@ -132,24 +158,70 @@ def shard_bytes_per_token(hidden_size: int | None, dtype: str) -> int | None:
 
 
 def with_coverage(sets: list[SetPlan], remaining_usd: float) -> list[SetPlan]:
-    """How far the remaining dollars reach, spent in config order: full, partly or no; unknown from the
-    first set whose cost is unknown on, since it may take any share of the rest."""
+    """budget.policy in_order: how far the remaining dollars reach, spent in config order: full, partly or
+    no; unknown from the first set whose cost is unknown on, since it may take any share of the rest."""
     out, cumulative, priced = [], 0.0, True
     for item in sets:
         if item.status != "generate":
             out.append(item)
             continue
         if item.source != "openrouter":  # answered by the team's engine or imported: costs nothing
-            out.append(replace(item, coverage=item.source))
+            out.append(replace(item, coverage=item.source, bought_output_tokens=item.output_tokens))
             continue
         if not priced or item.usd is None:
             priced = False
             out.append(replace(item, coverage=UNKNOWN))
             continue
         before, cumulative = cumulative, cumulative + item.usd
-        coverage = "full" if cumulative <= remaining_usd else "partly" if before < remaining_usd else "no"
-        out.append(replace(item, coverage=coverage))
+        reach = min(max(remaining_usd - before, 0.0), item.usd)
+        out.append(_covered(item, reach))
     return out
+
+
+def with_shares(sets: list[SetPlan], share_usd: float, spent_by_set: dict[str, float]) -> list[SetPlan]:
+    """budget.policy share: each bought set reaches as far as its part of budget.usd, less what it spent."""
+    out = []
+    for item in sets:
+        if item.status != "generate":
+            out.append(item)
+        elif item.source != "openrouter":
+            out.append(replace(item, coverage=item.source, bought_output_tokens=item.output_tokens))
+        elif item.usd is None:
+            out.append(replace(item, coverage=UNKNOWN))
+        else:
+            reach = min(max(share_usd - spent_by_set.get(item.name, 0.0), 0.0), item.usd)
+            out.append(_covered(item, reach))
+    return out
+
+
+def _covered(item: SetPlan, reach_usd: float) -> SetPlan:
+    """The set with `reach_usd` of its dollars spent: what share of its answers that buys."""
+    fraction = 1.0 if not item.usd else reach_usd / item.usd
+    coverage = "full" if fraction >= 1.0 else "partly" if fraction > 0 else "no"
+    bought = None if item.output_tokens is None else round(item.output_tokens * fraction)
+    todo_tokens = None if item.todo_tokens is None else round(item.todo_tokens * fraction)
+    todo_samples = None if item.todo_samples is None else round(item.todo_samples * fraction)
+    return replace(item, coverage=coverage, bought_output_tokens=bought, todo_tokens=todo_tokens,
+                   todo_samples=todo_samples)
+
+
+def _with_hidden_tokens(item: SetPlan, hidden: dict[str, Any], bytes_per_token: int | None) -> SetPlan:
+    """The tokens (and shard bytes) its hidden states will hold, at what is bought, under the caps."""
+    if item.status == "done" or item.todo_tokens is None or item.todo_samples is None:
+        return item
+    tokens = capped_tokens(
+        item.done_tokens + item.todo_tokens,
+        item.done_samples + item.todo_samples,
+        max_samples=hidden["max_samples"],
+        max_tokens=hidden["max_tokens"],
+    )
+    disk = None if bytes_per_token is None else tokens * bytes_per_token
+    return replace(item, hidden_tokens=tokens, disk_bytes=disk)
+
+
+def _sum_known(values: Iterable[int | None]) -> int | None:
+    values = list(values)
+    return None if any(value is None for value in values) else sum(v for v in values if v is not None)
 
 
 def _plan_set(
@@ -166,7 +238,7 @@ def _plan_set(
         if layout.hidden_done(ds).is_file():
             return SetPlan(ds, "done")
         tokens, samples = _generated_tokens(layout, ds, max_tokens)
-        return SetPlan(ds, "extract", disk_bytes=_shard_disk(config, tokens, samples, bytes_per_token))
+        return SetPlan(ds, "extract", todo_tokens=tokens, todo_samples=samples)
 
     answered_by = answer_source(config, ds)
     journaled_as = engine_fingerprint(config) if answered_by == "engine" else fingerprint
@@ -203,13 +275,10 @@ def _plan_set(
         usd = 0.0
     elif prices is not None and output_tokens is not None:
         usd = prices.cost(input_tokens or 0, output_tokens)
-    disk = None
-    if output_tokens is not None:
-        # Without the prompts built, their input tokens are unknown: the outputs' share is a floor.
-        known = sum(_record_tokens(record, max_tokens) for record in done.values())
-        # The output-token cap stops a set early: only the answered prompts get hidden states.
-        answered = len(done) + (round(output_tokens / per_answer) if per_answer else 0)
-        disk = _shard_disk(config, known + (input_tokens or 0) + output_tokens, answered, bytes_per_token)
+    # Without the prompts built, their input tokens are unknown: the outputs' share is a floor. The
+    # output-token cap stops a set early: only the answered prompts get hidden states.
+    todo_tokens = None if output_tokens is None else (input_tokens or 0) + output_tokens
+    todo_samples = None if output_tokens is None else (round(output_tokens / per_answer) if per_answer else 0)
     return SetPlan(
         name=ds,
         status="generate",
@@ -222,9 +291,12 @@ def _plan_set(
         capped=capped,
         usd=usd,
         usd_at_least=usd is not None and input_tokens is None,
-        disk_bytes=disk,
-        disk_at_least=disk is not None and input_tokens is None,
+        disk_at_least=input_tokens is None,
         source=answered_by,
+        done_tokens=sum(_record_tokens(record, max_tokens) for record in done.values()),
+        done_samples=len(done),
+        todo_tokens=todo_tokens,
+        todo_samples=todo_samples,
     )
 
 
@@ -266,17 +338,6 @@ def _caps(hidden: dict[str, Any]) -> str:
     if hidden["max_tokens"] is not None:
         caps.append(f"{hidden['max_tokens']:,} tokens (hidden.max_tokens)")
     return " and ".join(caps)
-
-
-def _shard_disk(
-    config: dict[str, Any], tokens: int | None, samples: int | None, bytes_per_token: int | None
-) -> int | None:
-    """The shards' bytes under hidden.max_samples / hidden.max_tokens (samples of average length)."""
-    if tokens is None or bytes_per_token is None:
-        return None
-    hidden = config["hidden"]
-    caps = {"max_samples": hidden["max_samples"], "max_tokens": hidden["max_tokens"]}
-    return capped_tokens(tokens, samples, **caps) * bytes_per_token
 
 
 def _template_format(target_dir: Path) -> ChatFormat | None:

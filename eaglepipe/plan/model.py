@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from eaglepipe.plan.hours import Hours
+
 UNKNOWN = "unknown"
 
 
@@ -42,6 +44,16 @@ class SetPlan:
     disk_at_least: bool = False  # input tokens unknown: the outputs' share only
     # Where its answers come from (`answers`): only `openrouter` sets are bought.
     source: str = "openrouter"
+    # What the dollars buy of `output_tokens` (coverage): all of it, part, or none.
+    bought_output_tokens: int | None = None
+    # The tokens its hidden states hold (under hidden.max_samples / max_tokens), at what the dollars buy.
+    hidden_tokens: int | None = None
+    # Tokens (prompt and answer) and answers already journaled, and those still to buy were it bought in
+    # full: what the hidden stage would read before its caps.
+    done_tokens: int = 0
+    done_samples: int = 0
+    todo_tokens: int | None = None
+    todo_samples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,12 @@ class SpendPlan:
     # Presentation: where hidden_size came from, and whether the API is the local emulator.
     hidden_size_source: str = "the target's config.json"
     emulated: bool = False
+    # budget.policy, and under `share` each bought set's part of budget.usd.
+    policy: str = "share"
+    share_usd: float | None = None
+    # What the command builds: "drafter", "hidden states", "token ids" or "answers" (of the sets planned).
+    goal: str = "drafter"
+    hours: Hours | None = None
 
     @property
     def remaining_usd(self) -> float:

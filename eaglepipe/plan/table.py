@@ -48,9 +48,16 @@ def _row(item: SetPlan, plan: SpendPlan) -> list[str]:
         f"{item.per_answer:,} {item.per_answer_source}",
         output,
         _usd_range(_dollar_range(item, plan), item.usd_at_least),
-        item.coverage + ("?" if item.usd_at_least and item.coverage in ("full", "partly") else ""),
+        _coverage(item) + ("?" if item.usd_at_least and item.coverage in ("full", "partly") else ""),
         _disk(item),
     ]
+
+
+def _coverage(item: SetPlan) -> str:
+    """full, no, or the share of the set's answers a partly covering budget buys (33%)."""
+    if item.coverage != "partly" or not item.output_tokens or item.bought_output_tokens is None:
+        return item.coverage
+    return f"{max(1, round(100 * item.bought_output_tokens / item.output_tokens))}%"
 
 
 def _dollar_range(item: SetPlan, plan: SpendPlan) -> tuple[float | None, float | None]:
@@ -138,65 +145,183 @@ def _summary(plan: SpendPlan) -> list[str]:
     buying = [item for item in plan.sets if item.status == "generate" and item.source == "openrouter"]
     unbought = [item for item in plan.sets if item.status == "generate" and item.source != "openrouter"]
     outputs_only = any(item.usd_at_least for item in buying)
-    lines = [
-        "",
+    spent = (
         f"budget.usd ${plan.budget_usd:,.2f}: ${plan.spent_usd:,.4f} spent so far, "
-        f"${plan.remaining_usd:,.2f} left. The budget column assumes sets are bought one after another in "
-        "`datasets` order at the low estimate; generation jobs may run at once and share budget.usd, so "
-        "the set left short can be any of them"
-        + ("; '?': outputs only, the inputs may cut it" if outputs_only else ""),
-    ]
+        f"${plan.remaining_usd:,.2f} left"
+    )
+    if plan.share_usd is not None:
+        how = (
+            f"budget.policy share: each of the run's bought sets may spend ${plan.share_usd:,.2f}, and one "
+            "its share stops is complete for now with what it bought (its summary: partial: dollar_budget); "
+            "the budget column is the part of each set that buys"
+        )
+    else:
+        how = (
+            "budget.policy in_order: the budget column assumes sets are bought one after another in "
+            "`datasets` order at the low estimate; generation jobs may run at once and share budget.usd, so "
+            "the set left short can be any of them, and it fails until budget.usd is raised"
+        )
+    lines = ["", f"{spent}. {how}" + ("; '?': outputs only, the inputs may cut it" if outputs_only else "")]
     for coverage, label in (("full", "covers fully"), ("partly", "covers partly"), ("no", "does not cover"),
                             (UNKNOWN, "cannot price")):
-        names = [item.name for item in buying if item.coverage == coverage]
+        names = [item.name + (f" ({_coverage(item)})" if coverage == "partly" else "")
+                 for item in buying if item.coverage == coverage]
         if names:
             lines.append(f"  {label}: {', '.join(names)}")
     if unbought:
         named = ", ".join(f"{item.name} ({item.source})" for item in unbought)
         lines.append(f"  not bought, $0: {named}")
-    if plan.hidden_size is None:
-        lines.append(
-            "shard disk: unknown: no hidden_size in the target's config.json yet; set target.hidden_size "
-            "to plan it"
-        )
-    else:
-        per_token = shard_bytes_per_token(plan.hidden_size, plan.dtype)
-        caps = plan.hidden_caps
-        lines.append(
-            f"shard disk: tokens x {STORED_LAYERS} layers x hidden {plan.hidden_size:,} "
-            f"({plan.hidden_size_source}) x {BYTES_PER_VALUE[plan.dtype]} B (hidden.dtype {plan.dtype}), "
-            f"with ids, masks{' and fp8 scales' if plan.dtype == 'fp8' else ''}: {per_token:,} B per token"
-            + (f"; per set at most {caps}" if caps else "")
-        )
+    lines.append(_shard_line(plan))
+    lines.extend(_hour_lines(plan))
     return [*lines, _what_it_buys(plan, buying)]
 
 
-def _what_it_buys(plan: SpendPlan, buying: list[SetPlan]) -> str:
-    """The one sentence a person deciding to spend needs: what this budget buys and what it does not."""
-    if plan.emulated:
+def _shard_line(plan: SpendPlan) -> str:
+    if plan.hidden_size is None:
         return (
-            "In short: the emulator buys nothing and charges nothing real; this run builds the whole chain "
-            "on the CPU for $0."
+            "shard disk: unknown: no hidden_size in the target's config.json yet; set target.hidden_size "
+            "to plan it"
         )
+    per_token = shard_bytes_per_token(plan.hidden_size, plan.dtype)
+    caps = plan.hidden_caps
+    return (
+        f"shard disk: tokens x {STORED_LAYERS} layers x hidden {plan.hidden_size:,} "
+        f"({plan.hidden_size_source}) x {BYTES_PER_VALUE[plan.dtype]} B (hidden.dtype {plan.dtype}), "
+        f"with ids, masks{' and fp8 scales' if plan.dtype == 'fp8' else ''}: {per_token:,} B per token"
+        + (f"; per set at most {caps}" if caps else "")
+        + "; at what the budget buys"
+    )
+
+
+def _hour_lines(plan: SpendPlan) -> list[str]:
+    """Time beside dollars and disk, each figure with the rate it rests on and the key that sets it."""
+    hours = plan.hours
+    if hours is None:
+        return []
+    lines = []
+    if any(item.status == "generate" for item in plan.sets):
+        rate = (
+            f"{hours.concurrency:,} in flight (generation.concurrency) x {hours.tokens_per_s_per_request:g} "
+            "output tokens/s each (plan.tokens_per_s_per_request)"
+        )
+        took = UNKNOWN if hours.generation_s is None else f"about {_duration(hours.generation_s)}"
+        lines.append(f"time, generation: {took} at {rate}; rate limits and retries only add to it")
+    if plan.goal in ("drafter", "hidden states") and any(item.status != "done" for item in plan.sets):
+        lines.append("time, hidden states: " + _gpu_hours(
+            hours.hidden_gpu_h, hours.hidden_gpus, "hidden.gpus", hours.hidden_on_cpu, "hidden.device",
+            f"2 FLOPs per token x {_params(hours.active_parameters)} active parameters "
+            f"({hours.active_parameters_source or 'unknown: set target.active_parameters'})",
+            hours.gpu_tflops,
+        ))
+    if plan.goal == "drafter":
+        lines.append("time, training: " + _gpu_hours(
+            hours.train_gpu_h, hours.train_gpus, "drafter.gpus", hours.train_on_cpu, "drafter.device",
+            f"6 FLOPs per token x {_params(hours.drafter_parameters)} draft parameters x drafter.ttt_length, "
+            "x drafter.epochs, plus the target's LM head"
+            + ("" if hours.drafter_parameters else f" (unknown until {plan.target_dir}/config.json exists)"),
+            hours.gpu_tflops,
+        ))
+    return lines
+
+
+def _gpu_hours(gpu_h: float | None, gpus: int, gpus_key: str, on_cpu: bool, device_key: str, flops: str,
+               tflops: float) -> str:
+    if on_cpu:
+        return f"on the CPU ({device_key} cpu): no GPU hours; the demo's times are in the README"
+    if gpu_h is None:
+        return f"unknown ({flops})"
+    return (
+        f"about {gpu_h:,.1f} GPU-hours, {_duration(gpu_h * 3600 / gpus)} on {gpus} GPU(s) ({gpus_key}): "
+        f"{flops}, at {tflops:g} TFLOP/s a GPU (plan.gpu_tflops)"
+    )
+
+
+def _what_it_buys(plan: SpendPlan, buying: list[SetPlan]) -> str:
+    """The one sentence a person deciding to spend needs: what this budget buys, and what the command then
+    builds of it."""
+    then = _then(plan)
+    if plan.emulated:
+        built = "the whole chain to a drafter" if plan.goal == "drafter" else then.removeprefix("then ")
+        return (
+            f"In short: the emulator buys nothing and charges nothing real; this run builds {built} for $0."
+        )
+    if not buying:
+        return f"In short: nothing left to buy; {then}."
     full = [item.name for item in buying if item.coverage == "full"]
-    short = [item.name for item in buying if item.coverage in ("partly", "no")]
+    short = [item for item in buying if item.coverage in ("partly", "no")]
     unpriced = [item.name for item in buying if item.coverage == UNKNOWN]
     if unpriced:
         return (
             f"In short: this budget cannot be checked against {', '.join(unpriced)} until they can be priced "
-            "(providers.json or budget.price_per_m_tokens); every set must be complete for a drafter."
+            "(providers.json or budget.price_per_m_tokens)."
         )
+    caveat = " if the inputs fit" if any(item.usd_at_least for item in buying) else ""
     if not short:
-        caveat = " if the inputs fit" if any(item.usd_at_least for item in buying) else ""
-        left = ", ".join(full) or "none"
-        return f"In short: ${plan.remaining_usd:,.2f} buys every set left ({left}){caveat}, so the drafter."
-    bought = f"buys {', '.join(full)} in full but not {', '.join(short)}" if full else (
-        f"buys none of {', '.join(short)} in full"
-    )
+        left = ", ".join(full)
+        return f"In short: ${plan.remaining_usd:,.2f} buys every set left ({left}){caveat}, {then}."
+    bought = _sum_tokens(item.bought_output_tokens for item in buying)
+    wanted = _sum_tokens(item.output_tokens for item in buying)
+    tokens = f"{_millions(bought)} of {_millions(wanted)} output tokens"
+    if plan.share_usd is not None:
+        if any(item.coverage == "no" for item in short):
+            empty = ", ".join(item.name for item in short if item.coverage == "no")
+            return (
+                f"In short: ${plan.remaining_usd:,.2f} leaves {empty} nothing of its share, so no answers "
+                "and no drafter: raise budget.usd."
+            )
+        return (
+            f"In short: with ${plan.budget_usd:,.2f}: {_sets(len(buying))} x up to ${plan.share_usd:,.2f} "
+            f"each, {tokens}{caveat}, {then}; raising budget.usd later buys the rest and rebuilds what "
+            "depends on it."
+        )
+    cut = ", ".join(item.name for item in short)
+    if plan.goal == "answers":
+        return f"In short: ${plan.remaining_usd:,.2f} buys {tokens}; {cut} stop short and fail till it rises."
     return (
-        f"In short: ${plan.remaining_usd:,.2f} {bought}; training needs every set in `datasets`, so this "
-        "budget buys no drafter: raise budget.usd or list fewer sets."
+        f"In short: ${plan.remaining_usd:,.2f} buys {tokens} (budget.policy in_order); {cut} stop short and "
+        f"fail, so no {plan.goal} until budget.usd is raised, or set budget.policy: share."
     )
+
+
+def _then(plan: SpendPlan) -> str:
+    """What the command builds after the answers, by its targets."""
+    names = ", ".join(item.name for item in plan.sets)
+    return {
+        "drafter": "then a drafter trained on them",
+        "hidden states": f"then the hidden states of {names}",
+        "token ids": f"then the token ids of {names}",
+        "answers": f"then the answers of {names}",
+    }[plan.goal]
+
+
+def _sets(count: int) -> str:
+    return f"{count} set" if count == 1 else f"{count} sets"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _params(count: int | None) -> str:
+    if count is None:
+        return UNKNOWN
+    return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
+
+
+def _millions(count: int | None) -> str:
+    if count is None:
+        return UNKNOWN
+    return f"{count / 1e6:,.1f}M" if count >= 1e6 else f"{count:,}"
+
+
+def _sum_tokens(values: Iterable[int | None]) -> int | None:
+    return _sum(values)
 
 
 def _sum(values: Iterable[int | float | None]) -> Any:
