@@ -38,13 +38,15 @@ def run_engine_generation(
     """`request` is the rule's answer-shaping param (engine_request_params); `settings_path` the run's
     generation_settings file (concurrency, retries, timeouts, where the engine runs or how it starts)."""
     if not settings_path.is_file():
-        raise OpenRouterError(f"{settings_path} is missing: write it with `snakemake generation_settings`")
+        raise OpenRouterError(
+            f"{settings_path} is missing: write it with `.venv/bin/snakemake generation_settings`"
+        )
     operational = json.loads(settings_path.read_text())
     engine = EngineSettings.from_section(operational["engine"])
     if engine.server != request["server"]:
         raise OpenRouterError(
             f"{settings_path} is for a {engine.server} engine, the rule asks {request['server']}: "
-            "rerun `snakemake generation_settings`"
+            "rerun `.venv/bin/snakemake generation_settings`"
         )
     generation = {**request["generation"], **operational["generation"]}
     target_dir = Path(operational["target_path"])

@@ -110,7 +110,8 @@ class ProviderHealth:
             self._stop(
                 "no_usable_provider",
                 f"no usable provider is left ({reasons}): read their answers in the journal, `ignore` them "
-                "in `routing` and refresh providers.json (`snakemake --forcerun providers`), then rerun",
+                "in `routing` and refresh providers.json (`.venv/bin/snakemake --forcerun providers`), "
+                "then rerun",
             )
 
     def discarded(self, provider: str) -> None:
@@ -120,7 +121,7 @@ class ProviderHealth:
                 "foreign_provider",
                 f"answers kept coming from providers routing did not keep ({names}), each paid and "
                 "discarded: if one is a kept endpoint under a new display name, refresh providers.json "
-                "(`snakemake --forcerun providers`), then rerun",
+                "(`.venv/bin/snakemake --forcerun providers`), then rerun",
             )
 
     async def check_usable(self, prompt: dict[str, Any], record: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ ADVICE = {
     "dollar_budget": "raise budget.usd, then rerun to resume (or budget.policy: share, to train on what "
     "every set bought)",
     "no_usable_provider": "the summary's `breaker` says what each provider returned; fix routing, then rerun",
-    "foreign_provider": "refresh providers.json (snakemake --forcerun providers), then rerun",
+    "foreign_provider": "refresh providers.json (.venv/bin/snakemake --forcerun providers), then rerun",
 }
 
 

@@ -85,7 +85,7 @@ class JobSettings:
         if not settings_path.is_file():
             raise OpenRouterError(
                 f"{settings_path} is missing (a set answered before it existed is rerun): write it with "
-                "`snakemake generation_settings`, then rerun"
+                "`.venv/bin/snakemake generation_settings`, then rerun"
             )
         operational = json.loads(settings_path.read_text())
         return cls(
@@ -121,7 +121,7 @@ def run_generation(
     if providers.get("model") != api.model:
         raise OpenRouterError(
             f"{providers_path} lists endpoints of {providers.get('model')!r}, not of "
-            f"{api.model!r}: refresh it with `snakemake --forcerun providers`"
+            f"{api.model!r}: refresh it with `.venv/bin/snakemake --forcerun providers`"
         )
     target_dir = Path(api.target_path) if gen["probe_answers"] else None
     policy = routing_policy(job.routing, gen["max_tokens"])

@@ -124,7 +124,8 @@ def _notes(plan: SpendPlan) -> list[str]:
     inputs = {
         "tokenizer": f"input tokens: counted with {tokenizer}, chat template applied",
         "bytes": f"input tokens: prompt JSON bytes / {BYTES_PER_TOKEN} (no usable {tokenizer})",
-        None: "input tokens: unknown until the prompt sets are built (free: `snakemake --until prompts`)",
+        None: "input tokens: unknown until the prompt sets are built (free: `.venv/bin/snakemake --until "
+        "prompts`)",
     }[plan.input_method]
     answer = (
         f"per answer: 'config' = generation.expected_completion_tokens (an assumption), 'journal' = the mean "
