@@ -104,6 +104,12 @@ class RunLayout:
         return self.results / "figures" / "run_summary.txt"
 
     @property
+    def run_summary_page(self) -> Path:
+        """The end-of-run table as a web page: the report shows an .html result in place, a .txt only as a
+        download."""
+        return self.results / "figures" / "run_summary.html"
+
+    @property
     def report(self) -> Path:
         return self.results / "report.html"
 

@@ -11,8 +11,10 @@ rule figures:
         eval=LAYOUT.evaluation,
     output:
         **{stem: figure(stem) for stem in FIGURES},
-        table=report(
-            LAYOUT.run_summary,
+        table=LAYOUT.run_summary,
+        # The same table as a web page: the report shows it in place, where a .txt is only a download.
+        page=report(
+            LAYOUT.run_summary_page,
             caption="../report/run_summary.rst",
             category=REPORT_CATEGORY["run"],
         ),

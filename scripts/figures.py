@@ -4,7 +4,7 @@ from pathlib import Path
 
 from eaglepipe.figures.data import load_run
 from eaglepipe.figures.draw import draw_figures
-from eaglepipe.figures.summary import run_table
+from eaglepipe.figures.summary import run_table, run_table_page
 from eaglepipe.jobs import snakemake_job
 
 with snakemake_job(snakemake) as log:
@@ -18,7 +18,9 @@ with snakemake_job(snakemake) as log:
         train=Path(snakemake.input.train),
         evaluation=Path(snakemake.input.eval),
     )
-    figures = {name: Path(path) for name, path in snakemake.output.items() if name != "table"}
+    figures = {name: Path(path) for name, path in snakemake.output.items() if name not in ("table", "page")}
     draw_figures(run, figures, max_tokens=snakemake.params.max_tokens, budget_usd=snakemake.params.budget_usd)
-    Path(snakemake.output.table).write_text(run_table(run, emulated=snakemake.params.emulated) + "\n")
+    table = run_table(run, emulated=snakemake.params.emulated)
+    Path(snakemake.output.table).write_text(table + "\n")
+    Path(snakemake.output.page).write_text(run_table_page(table))
     log.info("figures: %s", ", ".join(str(path) for path in figures.values()))

@@ -56,7 +56,8 @@ def test_a_renamed_file_moves_every_rule_and_the_spend_plan(tmp_path, model_dir)
 def test_no_module_but_the_layout_spells_a_run_file_name():
     """A path built elsewhere would not follow a rename: only layout.py and rules/common.smk may name them."""
     layout = RunLayout.from_paths("r", "p")
-    run_wide = ("providers", "ledger", "train_report", "evaluation", "curve", "run_summary", "report")
+    run_wide = ("providers", "ledger", "train_report", "evaluation", "curve", "run_summary",
+                "run_summary_page", "report")
     members = [getattr(layout, name) for name in run_wide]
     members += [layout.responses(), layout.responses_summary(), layout.journal(), layout.tokens()]
     members += [layout.token_stats(), layout.hidden_done()]

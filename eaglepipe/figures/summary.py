@@ -6,6 +6,7 @@ the drafter any good. A dash marks what this run has not (yet) produced.
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,18 @@ def run_table(run: RunOutputs, *, emulated: bool = False) -> str:
     else:
         lines.append("acceptance length: - (no drafter/eval.json yet)")
     return "\n".join(lines)
+
+
+def run_table_page(table: str) -> str:
+    """The end-of-run table as a self-contained web page: the Snakemake report shows an HTML result in
+    its page (a text file only as a download), so its run section opens on the table itself."""
+    title = html.escape(table.splitlines()[0])
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<title>{title}</title>\n"
+        "<style>body { margin: 1.5em; } pre { font: 14px/1.4 monospace; }</style>\n"
+        f"</head>\n<body>\n<pre>{html.escape(table)}</pre>\n</body>\n</html>\n"
+    )
 
 
 ERROR_HEADER = re.compile(r"^Error in rule (\w+):")
