@@ -7,14 +7,17 @@ import json
 import logging
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from headless_chromium import HeadlessChromium
 from PIL import Image, ImageStat
 from tiny_run import PROMPTS, RESULTS_ROOT, snakemake, tiny_config, write_prompts
 
 from eaglepipe.figures import FIGURES
+from eaglepipe.layout import RunLayout
 from eaglepipe.progress import StepProgress, eta_seconds, format_eta
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,6 +78,33 @@ def test_chromium_renders_the_report(tiny_pipeline):
         colours = image.convert("RGB").getcolors(maxcolors=1 << 20) or []
         # A blank page is one colour; a rendered report has text, a menu and its colours.
         assert len(colours) > 50 and ImageStat.Stat(image.convert("L")).stddev[0] > 10
+
+
+@pytest.mark.slow
+def test_the_report_opens_on_the_workflow_and_its_run_section_shows_the_table(tiny_pipeline):
+    """As a person reads it in Chromium: the landing page holds the description beside the workflow's graph,
+    and section 0, one click and its eye button away, shows the end-of-run table itself (not a download)."""
+    chromium = shutil.which("chromium")
+    assert chromium, "the report test needs Debian's chromium: `make browser` (as root) installs it"
+    layout = RunLayout.from_paths(tiny_pipeline / RESULTS_ROOT, tiny_pipeline / RESULTS_ROOT / "prompts")
+    if not layout.report.is_file():
+        assert snakemake(tiny_pipeline, "--report", str(layout.report)).returncode == 0
+    table = layout.run_summary.read_text().strip()
+    with HeadlessChromium(chromium) as browser:
+        tab = browser.open(layout.report.as_uri())
+        browser.wait_for(tab, "document.body.innerText.includes('Start with 0. Run')"
+                              " && !!document.querySelector('#rulegraph canvas, #rulegraph svg')")
+        browser.evaluate(tab, "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === '0. Run')"
+                              ".click()")
+        browser.wait_for(tab, "document.body.innerText.includes('run_summary.html')")
+        browser.evaluate(tab, "document.querySelector('table a[type=button]').click()")
+        deadline = time.monotonic() + 30
+        while not any(table in text for text in browser.frame_texts(tab)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        shown = browser.frame_texts(tab)
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "report-run-section.png").write_bytes(browser.screenshot(tab))
+    assert any(table in text for text in shown), shown
 
 
 @pytest.mark.slow
