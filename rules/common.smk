@@ -116,6 +116,19 @@ def generation_settings_input(wildcards):
     return ancient(LAYOUT.generation_settings)
 
 
+def same_configuration():
+    """The options that gave this run its configuration, as the user typed them (the profile's, else the
+    config files), so a command a hint prints reads the same results root."""
+    argv = sys.argv[1:]
+    for flag in ("--workflow-profile", "--profile"):
+        for position, word in enumerate(argv):
+            if word == flag and position + 1 < len(argv):
+                return f" {flag} {argv[position + 1]}"
+            if word.startswith(f"{flag}="):
+                return f" {word}"
+    return "".join(f" --configfile {path}" for path in workflow.overwrite_configfiles)
+
+
 # The spend plan, on stderr while parsing, so `snakemake -n` shows it and a real run shows it before it
 # spends (parse time cannot tell the two apart). Jobs that Snakemake re-parses the workflow for
 # (`--mode subprocess` / `remote`) skip it.

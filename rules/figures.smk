@@ -47,9 +47,8 @@ onsuccess:
         evaluation=LAYOUT.evaluation,
     )
     print(run_table(run, emulated=LOCAL_API), file=sys.stderr)
-    # The configuration this run used (a profile's configfile counts), so the report reads the same root.
-    config_args = "".join(f" --configfile {path}" for path in workflow.overwrite_configfiles)
-    print(f"eaglepipe: the report: snakemake{config_args} --report {LAYOUT.report}", file=sys.stderr)
+    print(f"eaglepipe: the report: .venv/bin/snakemake{same_configuration()} --report {LAYOUT.report}",
+          file=sys.stderr)
 
 
 onerror:
