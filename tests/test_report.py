@@ -119,9 +119,8 @@ def test_the_run_ends_with_its_table(tiny_pipeline):
         assert row[1] == str(len(PROMPTS[ds])), row  # every prompt answered
     assert "trained drafter" in table and "prompt lookup" in table and "untrained drafter" in table
     # The report command in the form this run was started with, runnable as printed.
-    assert f".venv/bin/snakemake --configfile {tiny_pipeline / 'tiny.yaml'} --report results/demo/report.html" in (
-        table
-    )
+    hint = f".venv/bin/snakemake --configfile {tiny_pipeline / 'tiny.yaml'} --report results/demo/report.html"
+    assert hint in table
 
 
 @pytest.mark.slow
