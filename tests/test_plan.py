@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from safetensors.numpy import save_file
 
 from eaglepipe.config import validate_config
@@ -445,3 +447,36 @@ def test_a_dry_run_of_the_real_config_prints_the_plan_without_a_key(tmp_path):
     assert list(rows) == [f"B{i}" for i in range(1, 9)]
     assert rows["B3"][1:4] == ["generate", "7,473", "7,473"]
     assert "spend plan" not in run.stdout and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_the_demos_plan_before_and_after_its_target_exists(tmp_path, model_dir, built):
+    """The demo's first plan, before the target_model rule built SmolLM2, sizes its shards with the width
+    config/local.yaml states (576), then with the model's own config.json; it counts the demo's prompts
+    from its source files, and every sentence says it is the emulator's."""
+    base = yaml.safe_load((REPO / "config.yaml").read_text())
+    demo = yaml.safe_load((REPO / "config" / "local.yaml").read_text())
+    config = {**base, **{key: {**base.get(key, {}), **value} if isinstance(value, dict) and key != "sources"
+                         else value for key, value in demo.items()}}
+    target = tmp_path / "model"
+    if built:
+        shutil.copytree(model_dir, target)
+    config["target"] = {**config["target"], "path": str(target)}
+    config["sources"] = {
+        ds: {**source, "path": str(REPO / source["path"])} for ds, source in demo["sources"].items()
+    }
+    config = validate_config(config, REPO / "schemas" / "config.schema.yaml")
+    layout = RunLayout(tmp_path / "results", tmp_path / "prompts")
+
+    text = format_plan(spend_plan(config, config["datasets"], FINGERPRINT, layout=layout))
+
+    source = "the target's config.json" if built else "target.hidden_size"
+    assert f"hidden 576 ({source}) x 4 B (hidden.dtype float32)" in text
+    assert "7,168" not in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("demo-")}
+    assert rows["demo-chat"][2] == "25" and rows["demo-math"][2] == "24"
+    assert "time, generation: the local emulator's pace on this machine" in text
+    assert "time, hidden states: on the CPU (hidden.device cpu)" in text
+    in_short = text.splitlines()[-1]
+    assert in_short.startswith("In short (the emulator's dollars; nothing real is bought): $1.00 buys ")
+    assert in_short.endswith(", then a drafter trained on them.")

@@ -252,8 +252,8 @@ def _plan_set(
         done = {prompt["id"]: done[prompt["id"]] for prompt in prompts if prompt["id"] in done}
         todo = [prompt for prompt in prompts if prompt["id"] not in done]
         total, left, input_tokens = len(prompts), len(todo), sum(map(count_input, todo))
-    else:  # not built yet: the source's sample is the best count there is
-        total = config["sources"][ds].get("sample")
+    else:  # not built yet: the source's sample, or a local file's lines, is the best count there is
+        total = _source_size(config["sources"][ds])
         left = None if total is None else max(total - len(done), 0)
         input_tokens = None
 
@@ -298,6 +298,19 @@ def _plan_set(
         todo_tokens=todo_tokens,
         todo_samples=todo_samples,
     )
+
+
+def _source_size(source: dict[str, Any]) -> int | None:
+    """How many prompts a source will give: its `sample`, at most a local file's non-empty lines."""
+    sample = source.get("sample")
+    if source["type"] != "jsonl":
+        return sample
+    try:
+        with open(source["path"], encoding="utf-8") as handle:
+            lines = sum(1 for line in handle if line.strip())
+    except OSError:
+        return sample
+    return lines if sample is None else min(lines, sample)
 
 
 def per_answer_estimate(

@@ -206,7 +206,11 @@ def _hour_lines(plan: SpendPlan) -> list[str]:
             "output tokens/s each (plan.tokens_per_s_per_request)"
         )
         took = UNKNOWN if hours.generation_s is None else f"about {_duration(hours.generation_s)}"
-        lines.append(f"time, generation: {took} at {rate}; rate limits and retries only add to it")
+        if plan.emulated:
+            lines.append("time, generation: the local emulator's pace on this machine, not a provider's; the "
+                         "demo's times are in the README")
+        else:
+            lines.append(f"time, generation: {took} at {rate}; rate limits and retries only add to it")
     if plan.goal in ("drafter", "hidden states") and any(item.status != "done" for item in plan.sets):
         lines.append("time, hidden states: " + _gpu_hours(
             hours.hidden_gpu_h, hours.hidden_gpus, "hidden.gpus", hours.hidden_on_cpu, "hidden.device",
@@ -240,12 +244,14 @@ def _gpu_hours(gpu_h: float | None, gpus: int, gpus_key: str, on_cpu: bool, devi
 def _what_it_buys(plan: SpendPlan, buying: list[SetPlan]) -> str:
     """The one sentence a person deciding to spend needs: what this budget buys, and what the command then
     builds of it."""
-    then = _then(plan)
+    sentence = _what_it_buys_in_short(plan, buying)
     if plan.emulated:
-        built = "the whole chain to a drafter" if plan.goal == "drafter" else then.removeprefix("then ")
-        return (
-            f"In short: the emulator buys nothing and charges nothing real; this run builds {built} for $0."
-        )
+        return sentence.replace("In short:", "In short (the emulator's dollars; nothing real is bought):", 1)
+    return sentence
+
+
+def _what_it_buys_in_short(plan: SpendPlan, buying: list[SetPlan]) -> str:
+    then = _then(plan)
     if not buying:
         return f"In short: nothing left to buy; {then}."
     full = [item.name for item in buying if item.coverage == "full"]
