@@ -51,6 +51,8 @@ def test_an_import_matched_by_id_and_content_becomes_token_rows(tmp_path, model_
     tokenizer = load_tokenizer(model_dir)
     stop = stop_token_id(tokenizer)
     greet_ids = [*tokenizer.encode("Hello, Ada!", add_special_tokens=False), stop]
+    # The ids the engine prefilled, as its export holds them: the chat template's rendering of the turn.
+    greet_prompt_ids = render_prompt_ids(tokenizer, [{"role": "user", "content": "hi"}])
     math_prompt_tokens = len(render_prompt_ids(tokenizer, PROMPTS[1]["messages"]))
     math_completion = len(tokenizer.encode("132.", add_special_tokens=False)) + 1
     # The user turn as OpenAI text parts: the prompt set holds it joined, and it still matches.
@@ -65,7 +67,7 @@ def test_an_import_matched_by_id_and_content_becomes_token_rows(tmp_path, model_
         math,
         {"id": "p-greet", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
                                                                           "content": "Hello, Ada!"}],
-         "token_ids": greet_ids, "prompt_token_ids": [1, 2, 3], "model": "our-engine"},
+         "token_ids": greet_ids, "prompt_token_ids": greet_prompt_ids, "model": "our-engine"},
     ]
     summary, records = run_import(tmp_path, lines)
 
@@ -76,7 +78,7 @@ def test_an_import_matched_by_id_and_content_becomes_token_rows(tmp_path, model_
         "source": "import", "prompt_id": "p-greet", "fingerprint": fingerprint,
         "request": {"model": "our-engine"},
         "response": {"content": "Hello, Ada!", "reasoning": None, "tool_calls": [], "finish_reason": "stop",
-                     "token_ids": greet_ids, "prompt_token_ids": [1, 2, 3]},
+                     "token_ids": greet_ids, "prompt_token_ids": greet_prompt_ids},
         "provider": "import", "generation_id": None,
         "usage": {"prompt_tokens": None, "completion_tokens": len(greet_ids), "reasoning_tokens": None,
                   "cost": None},
