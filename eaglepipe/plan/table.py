@@ -262,7 +262,9 @@ def _what_it_buys_in_short(plan: SpendPlan, buying: list[SetPlan]) -> str:
             f"In short: this budget cannot be checked against {', '.join(unpriced)} until they can be priced "
             "(providers.json or budget.price_per_m_tokens)."
         )
-    caveat = " if the inputs fit" if any(item.usd_at_least for item in buying) else ""
+    outputs_only = any(item.usd_at_least for item in buying)
+    caveat = " if the inputs fit" if outputs_only else ""
+    inputs_unknown = " (less the inputs' cost, unknown until the prompts are built)" if outputs_only else ""
     if not short:
         left = ", ".join(full)
         return f"In short: ${plan.remaining_usd:,.2f} buys every set left ({left}){caveat}, {then}."
@@ -278,8 +280,8 @@ def _what_it_buys_in_short(plan: SpendPlan, buying: list[SetPlan]) -> str:
             )
         return (
             f"In short: with ${plan.budget_usd:,.2f}: {_sets(len(buying))} x up to ${plan.share_usd:,.2f} "
-            f"each, {tokens}{caveat}, {then}; raising budget.usd later buys the rest and rebuilds what "
-            "depends on it."
+            f"each, {tokens}{inputs_unknown}, {then}; raising budget.usd later buys the rest and rebuilds "
+            "what depends on it."
         )
     cut = ", ".join(item.name for item in short)
     if plan.goal == "answers":
