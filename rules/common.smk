@@ -7,7 +7,7 @@ from pathlib import Path
 from eaglepipe.config import ConfigError, is_local_api, sets_answered_by, validate_config
 from eaglepipe.figures import FIGURES
 from eaglepipe.layout import RunLayout
-from eaglepipe.openrouter.dollars import dollars_param
+from eaglepipe.openrouter.dollars import budget_key
 from eaglepipe.openrouter.fingerprint import config_fingerprint, engine_fingerprint
 from eaglepipe.openrouter.settings import engine_request_params, operational_params, request_params
 from eaglepipe.target.tiny import TEACHER_FILES, TINY_TARGETS
@@ -101,9 +101,9 @@ GENERATION_FINGERPRINT = config_fingerprint(config)
 ENGINE_FINGERPRINT = engine_fingerprint(config)
 
 
-def dollar_budget(wildcards):
-    """What a bought set may spend (the generate rule's `dollars` param)."""
-    return dollars_param(
+def dollar_budget_key(wildcards):
+    """The generate rule's `budget_key` param."""
+    return budget_key(
         config, BOUGHT_SETS, LAYOUT.responses_summary(wildcards.ds), LAYOUT.responses(wildcards.ds)
     )
 

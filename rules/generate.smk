@@ -70,9 +70,9 @@ rule generate:
         # The answer-shaping config the fingerprint hashes (eaglepipe.openrouter.settings.request_params).
         request=request_params(config),
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
-        # budget.usd and budget.policy as they bind this set (eaglepipe.openrouter.dollars): a set they did
-        # not stop keeps what it ran under, so raising budget.usd reruns only the sets it stopped.
-        dollars=dollar_budget,
+        # What reruns the set when budget.usd or budget.policy change (eaglepipe.openrouter.dollars): only
+        # the sets they can buy more for. The limits themselves come from the settings input.
+        budget_key=dollar_budget_key,
         max_failed_fraction=config["generation"]["max_failed_fraction"],
         journal=str(LAYOUT.journal()),
         # Undeclared, like the journal: a failed job keeps the summary that says why it failed.

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 from eaglepipe.jobs import snakemake_job
-from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.stage import JobSettings, run_generation
 
 with snakemake_job(snakemake):
@@ -18,7 +17,7 @@ with snakemake_job(snakemake):
         dataset=snakemake.wildcards.ds,
         fingerprint=snakemake.params.fingerprint,
         output_token_budget=snakemake.params.output_token_budget,
-        dollars=DollarBudget.from_param(snakemake.params.dollars),
+        budget_key=snakemake.params.budget_key,
         max_failed_fraction=snakemake.params.max_failed_fraction,
         emulator_log=Path(snakemake.log.emulator),
         threads=snakemake.threads,

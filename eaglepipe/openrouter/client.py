@@ -108,9 +108,10 @@ class GenerationSummary:
     failures: list[dict[str, Any]] = field(default_factory=list)
     emulated: bool = False
     max_tokens: int = 0
-    # The dollars the set ran under (the rule's `dollars` param), and `dollar_budget` when its share of
-    # budget.usd ended it with fewer answers than prompts: complete for now, the rest bought on a raise.
+    # The dollars the set ran under, the rule's budget_key (eaglepipe/openrouter/dollars.py), and
+    # `dollar_budget` when its share of budget.usd ended it: complete for now, the rest bought on a raise.
     dollar_budget: dict[str, Any] | None = None
+    budget_key: Any = None
     partial: str | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -8,6 +8,12 @@
   another. A set the budget stops fails, resumable; no drafter is trained until budget.usd is raised.
 
 Either way the run-wide ledger keeps the whole run under budget.usd.
+
+Two things are kept apart. The limits a job runs under are the configuration's now, from the run's
+generation_settings file. What reruns a set is the generate rule's `budget_key` param: the planned budget,
+except where the budget cannot change the set's answers (it finished without the dollars stopping it, or
+its share did not grow), which keep the key they last ran with, so raising budget.usd reruns only the sets
+it can buy more for, and not their downstream GPU work.
 """
 
 from __future__ import annotations
@@ -51,25 +57,43 @@ def planned_budget(config: dict[str, Any], bought_sets: list[str]) -> DollarBudg
     return DollarBudget(policy=budget["policy"], run_usd=usd, set_usd=share)
 
 
-def dollars_param(
+def budget_key(
     config: dict[str, Any], bought_sets: list[str], summary_path: Path, responses_path: Path
-) -> dict[str, Any]:
-    """The generate rule's `dollars` param. A finished set whose last run the dollars did not stop (every
-    prompt answered, or its token budget reached) keeps the budget it ran under, so raising budget.usd
-    reruns only the sets it stopped, not their answers' token, hidden-state and GPU work downstream."""
-    if responses_path.is_file():
-        ran_under = _ran_under(summary_path)
-        if ran_under is not None:
-            return ran_under
-    return planned_budget(config, bought_sets).to_param()
+) -> Any:
+    """The generate rule's `budget_key` param (module docstring)."""
+    planned = planned_budget(config, bought_sets)
+    summary = _summary(summary_path) if responses_path.is_file() else None
+    if summary is None:
+        return planned.to_param()
+    if summary.get("ended_because") in ENDED_REGARDLESS_OF_DOLLARS:
+        # A set finished before budget keys existed ran with budget.usd itself as this param.
+        return summary.get("budget_key", config["budget"]["usd"])
+    if summary.get("partial") == "dollar_budget" and not _share_grew(summary.get("dollar_budget"), planned):
+        return summary.get("budget_key", planned.to_param())
+    return planned.to_param()
 
 
-def _ran_under(summary_path: Path) -> dict[str, Any] | None:
+def buys_more_on_rerun(
+    config: dict[str, Any], bought_sets: list[str], summary_path: Path, responses_path: Path
+) -> bool:
+    """Whether a set its share stopped will rerun and buy more (budget.usd raised since)."""
+    summary = _summary(summary_path) if responses_path.is_file() else None
+    if summary is None or summary.get("partial") != "dollar_budget":
+        return False
+    return budget_key(config, bought_sets, summary_path, responses_path) != summary.get("budget_key")
+
+
+def _share_grew(ran_under: Any, planned: DollarBudget) -> bool:
+    """Whether `planned` lets a set stopped under `ran_under` (its summary's dollar_budget) buy more."""
+    if not isinstance(ran_under, dict) or ran_under.get("policy") != planned.policy:
+        return True
+    before = ran_under.get("set_usd")
+    return planned.set_usd is None or before is None or planned.set_usd > float(before)
+
+
+def _summary(summary_path: Path) -> dict[str, Any] | None:
     try:
         summary = json.loads(summary_path.read_text())
     except (OSError, ValueError):
         return None
-    ran_under = summary.get("dollar_budget") if isinstance(summary, dict) else None
-    if summary.get("ended_because") in ENDED_REGARDLESS_OF_DOLLARS and isinstance(ran_under, dict):
-        return ran_under
-    return None
+    return summary if isinstance(summary, dict) else None

@@ -16,6 +16,7 @@ from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, U
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.journal import load_done
+from eaglepipe.openrouter.ledger import LedgerView, read_ledger
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.processes import JobStopped
 
@@ -27,8 +28,7 @@ COMPLETE = {"all_done", "token_budget"}
 # What to do about an unfinished set, by `ended_because`; anything else is resumed by a plain rerun.
 ADVICE = {
     "failures": "see the summary for why; rerun to retry them",
-    "dollar_budget": "raise budget.usd, then rerun to resume (or budget.policy: share, to train on what "
-    "every set bought)",
+    "dollar_budget": "raise budget.usd, then rerun to resume",
     "no_usable_provider": "the summary's `breaker` says what each provider returned; fix routing, then rerun",
     "foreign_provider": "refresh providers.json (.venv/bin/snakemake --forcerun providers), then rerun",
 }
@@ -64,11 +64,13 @@ def generate_responses(
     api_key: ApiKey | None,
     probe: UsabilityProbe | None = None,
     dollars: DollarBudget | None = None,
+    budget_key: Any = None,
 ) -> GenerationSummary:
     """Generate what the journal lacks, write the summary, then either write `responses.jsonl` (in prompt
     order, atomically) or raise, leaving it unwritten so Snakemake sees the job failed. `ledger_dir` is the
-    run-wide ledger this set's spending is booked in, as `dataset`; `dollars`, the budget it ran under
-    (recorded in the summary), says whether a set its share of budget.usd stopped is complete for now."""
+    run-wide ledger this set's spending is booked in, as `dataset`; `dollars`, the budget it ran under,
+    says whether a set its share of budget.usd stopped is complete for now. Both it and the rule's
+    `budget_key` are recorded in the summary (eaglepipe/openrouter/dollars.py reads them back)."""
     prompts = read_prompt_set(prompts_path)
     run_set = functools.partial(
         generate_set,
@@ -85,11 +87,18 @@ def generate_responses(
     except KeyboardInterrupt:  # the journal closed with every answer received so far: a rerun resumes
         raise JobStopped(f"{len(load_done(journal_dir, settings.fingerprint))} answers kept") from None
     summary.dollar_budget = dollars.to_param() if dollars else None
-    if _partial_for_now(summary, dollars):
+    summary.budget_key = budget_key
+    if _partial_for_now(summary, dollars, read_ledger(ledger_dir), dataset):
         summary.partial = "dollar_budget"
     write_json(summary_path, summary.to_json())
     if summary.ended_because not in COMPLETE and summary.partial is None:
         advice = ADVICE.get(summary.ended_because, "rerun to resume")
+        if summary.ended_because == "dollar_budget" and dollars and dollars.partial_when_spent:
+            advice = (
+                "its share of budget.usd holds no new answer (every earlier run's spending on the set "
+                "counts, under other request settings too) or waits on requests not priced yet: raise "
+                "budget.usd, or rerun once they are priced"
+            )
         raise OpenRouterError(
             f"{prompts_path}: {summary.done}/{summary.requested} prompts done, "
             f"${summary.dollars:.4f} spent on this set (${summary.run_dollars:.4f} by the run), "
@@ -107,12 +116,17 @@ def generate_responses(
     return summary
 
 
-def _partial_for_now(summary: GenerationSummary, dollars: DollarBudget | None) -> bool:
-    """Under budget.policy `share`, the dollars ending a set leave it complete with what it bought; a
-    set they ended before its first answer has nothing to train on and stays unfinished."""
-    return (
-        summary.ended_because == "dollar_budget"
-        and dollars is not None
-        and dollars.partial_when_spent
-        and summary.done > 0
-    )
+def _partial_for_now(
+    summary: GenerationSummary, dollars: DollarBudget | None, ledger: LedgerView, dataset: str
+) -> bool:
+    """Under budget.policy `share`, the dollars ending a set leave it complete with what it bought, once
+    the settled ledger shows them spent: one more answer at this set's mean cost would pass its share or
+    the run's budget. A stop on requests still held at their worst case (a kill's, priced within minutes)
+    is not the budget's end, and a set with no answer has nothing to train on: both stay unfinished."""
+    if summary.ended_because != "dollar_budget" or dollars is None or not dollars.partial_when_spent:
+        return False
+    if summary.done == 0 or dollars.set_usd is None:
+        return False
+    per_answer = summary.dollars / summary.done
+    spent_by_set = ledger.usd_by_set.get(dataset, 0.0)
+    return spent_by_set + per_answer > dollars.set_usd or ledger.usd + per_answer > dollars.run_usd

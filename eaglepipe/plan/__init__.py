@@ -96,7 +96,8 @@ def print_spend_plan(
         targets = command_line_targets(argv) if could_narrow else []
         scope = sets_named_by(targets, datasets, layout)
         plan = spend_plan(config, scope, fingerprint, layout=layout, goal=goal_of(targets, datasets, layout))
+        text = format_plan(plan)
     except Exception as error:  # whatever breaks an estimate must not block the run
         print(f"eaglepipe: no spend plan ({type(error).__name__}: {error})", file=stream)
         return
-    print(format_plan(plan), file=stream)
+    print(text, file=stream)

@@ -14,7 +14,7 @@ from eaglepipe.hidden.storage import bytes_per_token, capped_tokens
 from eaglepipe.io import read_jsonl
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
-from eaglepipe.openrouter.dollars import planned_budget
+from eaglepipe.openrouter.dollars import buys_more_on_rerun, planned_budget
 from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.journal import tally_done
 from eaglepipe.openrouter.ledger import read_ledger
@@ -89,7 +89,9 @@ def spend_plan(
     covered = [_with_hidden_tokens(item, config["hidden"], bytes_per_token) for item in covered]
     architecture = target_architecture(target_dir)
     hidden_tokens = _sum_known(item.hidden_tokens for item in covered if item.status != "done")
-    output_tokens = _sum_known(item.bought_output_tokens for item in covered if item.status == "generate")
+    train_tokens = _sum_known(item.hidden_tokens for item in covered)
+    bought_output = [item for item in covered if item.status == "generate" and item.source == "openrouter"]
+    output_tokens = _sum_known(item.bought_output_tokens for item in bought_output)
     return SpendPlan(
         results=layout.results,
         sets=covered,
@@ -107,7 +109,7 @@ def spend_plan(
         policy=dollars.policy,
         share_usd=dollars.set_usd,
         goal=goal,
-        hours=plan_hours(config, architecture, output_tokens, hidden_tokens),
+        hours=plan_hours(config, architecture, output_tokens, hidden_tokens, train_tokens),
     )
 
 
@@ -234,10 +236,16 @@ def _plan_set(
     bytes_per_token: int | None,
 ) -> SetPlan:
     max_tokens = config["generation"]["max_tokens"]
-    if layout.responses(ds).is_file():
-        if layout.hidden_done(ds).is_file():
-            return SetPlan(ds, "done")
+    bought = sets_answered_by(config, "openrouter", config["datasets"])
+    summary, responses = layout.responses_summary(ds), layout.responses(ds)
+    if responses.is_file() and not buys_more_on_rerun(config, bought, summary, responses):
         tokens, samples = _generated_tokens(layout, ds, max_tokens)
+        if layout.hidden_done(ds).is_file():  # its tokens still count for training
+            caps = config["hidden"]
+            kept = capped_tokens(
+                tokens, samples, max_samples=caps["max_samples"], max_tokens=caps["max_tokens"]
+            )
+            return SetPlan(ds, "done", hidden_tokens=kept)
         return SetPlan(ds, "extract", todo_tokens=tokens, todo_samples=samples)
 
     answered_by = answer_source(config, ds)

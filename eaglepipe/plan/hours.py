@@ -39,8 +39,10 @@ def plan_hours(
     architecture: TargetArchitecture | None,
     output_tokens: int | None,
     hidden_tokens: int | None,
+    train_tokens: int | None,
 ) -> Hours:
-    """`output_tokens`: what generation still buys; `hidden_tokens`: what hidden states and training read."""
+    """`output_tokens`: what generation still buys through OpenRouter; `hidden_tokens`: what the hidden
+    stage still reads; `train_tokens`: what training reads, every set's."""
     plan = config["plan"]
     rate, concurrency = plan["tokens_per_s_per_request"], config["generation"]["concurrency"]
     generation_s = None if output_tokens is None else output_tokens / (rate * concurrency)
@@ -57,9 +59,9 @@ def plan_hours(
     hidden_gpu_h = train_gpu_h = None
     if hidden_tokens is not None and active is not None:
         hidden_gpu_h = hidden_tokens * 2 * active / flops_per_s / 3600
-    if hidden_tokens is not None and drafter is not None and architecture is not None:
+    if train_tokens is not None and drafter is not None and architecture is not None:
         per_token = training_flops_per_token(architecture, drafter, config["drafter"]["ttt_length"])
-        train_gpu_h = hidden_tokens * config["drafter"]["epochs"] * per_token / flops_per_s / 3600
+        train_gpu_h = train_tokens * config["drafter"]["epochs"] * per_token / flops_per_s / 3600
     return Hours(
         generation_s=generation_s,
         tokens_per_s_per_request=rate,

@@ -272,11 +272,12 @@ def _what_it_buys_in_short(plan: SpendPlan, buying: list[SetPlan]) -> str:
     wanted = _sum_tokens(item.output_tokens for item in buying)
     tokens = f"{_millions(bought)} of {_millions(wanted)} output tokens"
     if plan.share_usd is not None:
-        if any(item.coverage == "no" for item in short):
-            empty = ", ".join(item.name for item in short if item.coverage == "no")
+        empty = [item.name for item in short if item.coverage == "no" and not item.done_samples]
+        if empty:
+            whose = "its" if len(empty) == 1 else "their"
             return (
-                f"In short: ${plan.remaining_usd:,.2f} leaves {empty} nothing of its share, so no answers "
-                "and no drafter: raise budget.usd."
+                f"In short: {', '.join(empty)} spent {whose} ${plan.share_usd:,.2f} share of budget.usd with "
+                f"no answer to show, so no {plan.goal} from this run: raise budget.usd."
             )
         return (
             f"In short: with ${plan.budget_usd:,.2f}: {_sets(len(buying))} x up to ${plan.share_usd:,.2f} "
