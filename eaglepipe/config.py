@@ -166,21 +166,38 @@ _SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 def target_outside_datasets(
-    target: str, datasets: list[str], results_root: str | Path, config_files: list[Path]
+    target: str,
+    datasets: list[str],
+    results_root: str | Path,
+    config_files: list[Path],
+    prompts_dir: str | Path | None = None,
 ) -> str | None:
     """Why a target in a set's folder cannot be built: its set is not in `datasets`, so no rule makes it
-    (Snakemake itself would print only "No rule to produce"). None for any other target."""
+    (Snakemake itself would print only "No rule to produce"); or it is another configuration's file, one
+    folder deeper (results/demo/... under the real run's results/). None for any other target."""
     root = Path(os.path.normpath(results_root)).parts
     parts = Path(os.path.normpath(target)).parts
-    below = parts[len(root) :] if parts[: len(root)] == root else ()
+    if prompts_dir is not None and _is_below(parts, Path(os.path.normpath(prompts_dir)).parts):
+        return None
+    below = parts[len(root) :] if _is_below(parts, root) else ()
     if len(below) < 2 or below[0] in datasets or below[0] in RUN_WIDE_FOLDERS:
         return None
     if not _SET_NAME.fullmatch(below[0]):  # a hidden folder (.ledger) or no set name at all
         return None
+    if len(below) > 2 and below[1] != "hidden":  # {root}/{another root}/{set or run-wide folder}/...
+        return (
+            f"{target}: not a file of this configuration, whose results root is {results_root}/: give the "
+            "--workflow-profile or --configfile of the run that writes it (the demo's: --workflow-profile "
+            "profiles/local)"
+        )
     return (
         f"{target}: {below[0]} is not in `datasets` ({_file_setting('datasets', config_files)}): "
         "add it there, with a `sources` entry"
     )
+
+
+def _is_below(parts: tuple[str, ...], folder: tuple[str, ...]) -> bool:
+    return parts[: len(folder)] == folder
 
 
 def _file_setting(key: str, config_files: list[Path]) -> str:

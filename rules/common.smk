@@ -117,16 +117,24 @@ def generation_settings_input(wildcards):
 
 
 def same_configuration():
-    """The options that gave this run its configuration, as the user typed them (the profile's, else the
-    config files), so a command a hint prints reads the same results root."""
+    """The options that gave this run its configuration, as the user typed them (a profile, then config
+    files), so a command a hint prints reads the same results root."""
     argv = sys.argv[1:]
-    for flag in ("--workflow-profile", "--profile"):
-        for position, word in enumerate(argv):
-            if word == flag and position + 1 < len(argv):
-                return f" {flag} {argv[position + 1]}"
-            if word.startswith(f"{flag}="):
-                return f" {word}"
-    return "".join(f" --configfile {path}" for path in workflow.overwrite_configfiles)
+    options = []
+    for position, word in enumerate(argv):
+        if word in ("--workflow-profile", "--profile") and position + 1 < len(argv):
+            options.append(f"{word} {argv[position + 1]}")
+        elif word.startswith(("--workflow-profile=", "--profile=")):
+            options.append(word)
+        elif word in ("--configfile", "--configfiles"):
+            for path in argv[position + 1:]:  # its files run to the next option, as Snakemake reads them
+                if path.startswith("-"):
+                    break
+                options.append(f"--configfile {path}")
+    if not options:  # started through the Python API: the config files Snakemake read
+        options = [f"--configfile {path}" for path in workflow.overwrite_configfiles]
+    return "".join(f" {option}" for option in options)
+
 
 
 # The spend plan, on stderr while parsing, so `snakemake -n` shows it and a real run shows it before it
@@ -138,11 +146,11 @@ if workflow.is_main_process:
 
     # A target of a set that `datasets` lacks has no rule: one line naming the key instead of the plan and
     # Snakemake's "No rule to produce". The command line is parsed only when a word could be one.
-    if any(target_outside_datasets(word, DATASETS, LAYOUT.results, []) for word in sys.argv[1:]):
+    if any(target_outside_datasets(word, DATASETS, LAYOUT.results, [], LAYOUT.prompts) for word in sys.argv[1:]):
         # Files given with --configfile override the Snakefile's own, which Snakemake lists after them.
         by_precedence = sorted(workflow.configfiles, key=lambda path: path in workflow.overwrite_configfiles)
         for target in command_line_targets(sys.argv):
-            if problem := target_outside_datasets(target, DATASETS, LAYOUT.results, by_precedence):
+            if problem := target_outside_datasets(target, DATASETS, LAYOUT.results, by_precedence, LAYOUT.prompts):
                 sys.exit(f"eaglepipe: {problem}")
 
     print_spend_plan(

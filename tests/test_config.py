@@ -117,8 +117,19 @@ def test_a_target_of_a_set_outside_datasets_names_the_set_and_the_key(tmp_path):
         "add it there, with a `sources` entry"
     )
     for fine in ("results/demo/demo-chat/hidden.done", "results/demo/drafter/config.json",
-                 "results/demo/.ledger/ledger.jsonl", "results/demo/report.html", "all", "hidden"):
+                 "results/demo/.ledger/ledger.jsonl", "results/demo/report.html", "all", "hidden",
+                 "results/demo/demo-chat/hidden/shard-00000.safetensors"):
         assert target_outside_datasets(fine, ["demo-chat"], "results/demo", files) is None, fine
+    # A prompt folder of any name under the results root holds prompt files, not sets.
+    assert target_outside_datasets("results/demo/sets_in/demo-x.jsonl", ["demo-chat"], "results/demo", files,
+                                   "results/demo/sets_in") is None
+
+
+def test_another_configurations_file_names_the_option_that_reads_its_root():
+    for target in ("results/demo/drafter/model.safetensors", "results/demo/demo-chat/responses.jsonl"):
+        problem = target_outside_datasets(target, ["B1"], "results", [REPO / "config.yaml"], "resources")
+        assert problem is not None and problem.startswith(f"{target}: not a file of this configuration")
+        assert "--workflow-profile profiles/local" in problem
 
 
 def test_the_run_wide_folders_are_the_set_names_the_schema_refuses():

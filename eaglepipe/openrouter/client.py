@@ -244,14 +244,13 @@ class _Run:
         self.stop_reason: str | None = None
         self.progress = ProgressLine()
         self.started = time.monotonic()
-        self.answers_before_eta = 1
+        self.todo_at_start = 0
 
     def resume(
         self, prompts: list[dict[str, Any]], reusable: dict[str, dict[str, Any]]
     ) -> list[dict[str, Any]]:
         todo = self.tally.resume(prompts, reusable)
-        # The first wave's answers finish together, late: an ETA from its first few would only climb.
-        self.answers_before_eta = max(1, min(self.settings.concurrency, len(todo)) // 2)
+        self.todo_at_start = len(todo)
         self.notify()
         return todo
 
@@ -332,7 +331,12 @@ class _Run:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         summary, new = self.summary, self.summary.done - self.summary.resumed
         left = summary.requested - summary.done - summary.failed_permanent - summary.failed_transient
-        eta = eta_seconds(elapsed, new, left, minimum=self.answers_before_eta)
+        # The first wave's answers finish together, late: an ETA from its first few would only climb. Its
+        # size is this job's live limit (the run's concurrency split among the jobs running, or a first
+        # wave the key's credit holds), not the configured concurrency.
+        first_wave = min(admission.limit.current, self.todo_at_start)
+        answers_before_eta = max(1, first_wave // 2)
+        eta = eta_seconds(elapsed, new, left, minimum=answers_before_eta)
         spent = self.ledger.view.usd if self.ledger else tally.dollars_this_run
         projected = spent + left * admission.forecast.mean_usd
         errors = " ".join(f"{name}={count}" for name, count in sorted(tally.errors.items())) or "none"
@@ -348,7 +352,7 @@ class _Run:
             f"{self.dataset}: {summary.done}/{summary.requested} done, "
             f"{tally.tokens_this_run / elapsed:.0f} tok/s, {dollars}{admission.in_flight} in flight "
             f"{in_flight}, errors {errors}, ETA {format_eta(eta)}"
-            + ("" if eta is not None else f" until {self.answers_before_eta} answers")
+            + ("" if eta is not None else f" until {answers_before_eta} answers")
             + (f", {note}" if note else "")
         )
 
