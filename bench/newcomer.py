@@ -27,6 +27,8 @@ STEPS = ("install", "demo", "test-fast", "test")
 
 def run_step(clone: Path, step: str, log: Path) -> tuple[float, int]:
     env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
+    if venv := os.environ.get("VIRTUAL_ENV"):  # an activated venv must not stand in for the clone's own
+        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(venv))
     started = time.monotonic()
     with open(log, "w") as out:
         done = subprocess.run(["make", step], cwd=clone, stdout=out, stderr=subprocess.STDOUT, env=env)

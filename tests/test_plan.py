@@ -483,3 +483,17 @@ def test_the_demos_plan_before_and_after_its_target_exists(tmp_path, model_dir, 
     in_short = text.splitlines()[-1]
     assert in_short.startswith("In short (the emulator's dollars; nothing real is bought): $1.00 buys ")
     assert in_short.endswith(", then a drafter trained on them.")
+
+
+def test_a_share_below_one_requests_worst_case_is_named_before_paying(tmp_path):
+    # max_tokens 1,000 at the dearest kept output price, $100/M: $0.10 a request at worst.
+    config = make_config(tmp_path, ["A", "B"], budget={"usd": 0.15})
+    for ds in ("A", "B"):
+        write_prompts(tmp_path, ds, 2)
+    write_providers(tmp_path)
+
+    text = format_plan(plan_of(tmp_path, config))
+
+    assert "warning: each set's share ($0.0750) is below one request's worst case ($0.1000: " in text
+    config["budget"]["usd"] = 0.2
+    assert "warning:" not in format_plan(plan_of(tmp_path, config))

@@ -172,9 +172,27 @@ def _summary(plan: SpendPlan) -> list[str]:
     if unbought:
         named = ", ".join(f"{item.name} ({item.source})" for item in unbought)
         lines.append(f"  not bought, $0: {named}")
+    lines.extend(_too_small_for_one_request(plan, buying))
     lines.append(_shard_line(plan))
     lines.extend(_hour_lines(plan))
     return [*lines, _what_it_buys(plan, buying)]
+
+
+def _too_small_for_one_request(plan: SpendPlan, buying: list[SetPlan]) -> list[str]:
+    """Until answers are priced, a request is admitted only while its worst case (max_tokens at the dearest
+    output price) fits what the set may spend: a budget below that starts nothing."""
+    if plan.prices is None or not buying:
+        return []
+    worst = plan.prices.completion * plan.max_tokens
+    may_spend = plan.share_usd if plan.share_usd is not None else plan.remaining_usd
+    if may_spend >= worst:
+        return []
+    what = "each set's share" if plan.share_usd is not None else "what is left of budget.usd"
+    return [
+        f"warning: {what} (${may_spend:,.4f}) is below one request's worst case (${worst:,.4f}: "
+        f"generation.max_tokens {plan.max_tokens:,} at the dearest output price), so no request starts: "
+        "raise budget.usd or lower generation.max_tokens"
+    ]
 
 
 def _shard_line(plan: SpendPlan) -> str:
@@ -253,7 +271,8 @@ def _what_it_buys(plan: SpendPlan, buying: list[SetPlan]) -> str:
 def _what_it_buys_in_short(plan: SpendPlan, buying: list[SetPlan]) -> str:
     then = _then(plan)
     if not buying:
-        return f"In short: nothing left to buy; {then}."
+        built = "a drafter" if plan.goal == "drafter" else then.removeprefix("then ")
+        return f"In short: nothing left to buy; the run goes on to {built}."
     full = [item.name for item in buying if item.coverage == "full"]
     short = [item for item in buying if item.coverage in ("partly", "no")]
     unpriced = [item.name for item in buying if item.coverage == UNKNOWN]
