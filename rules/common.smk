@@ -102,10 +102,13 @@ ENGINE_FINGERPRINT = engine_fingerprint(config)
 
 
 def dollar_budget_key(wildcards):
-    """The generate rule's `budget_key` param."""
-    return budget_key(
-        config, BOUGHT_SETS, LAYOUT.responses_summary(wildcards.ds), LAYOUT.responses(wildcards.ds)
-    )
+    """The generate rule's `budget_key` param: the budget the set runs under, and reruns on."""
+    reruns_for = {
+        "fingerprint": GENERATION_FINGERPRINT,
+        "output_token_budget": config["budget"]["output_tokens_per_dataset"],
+    }
+    ds = wildcards.ds
+    return budget_key(config, BOUGHT_SETS, LAYOUT.responses_summary(ds), LAYOUT.responses(ds), reruns_for)
 
 
 def generation_settings_input(wildcards):

@@ -70,8 +70,8 @@ rule generate:
         # The answer-shaping config the fingerprint hashes (eaglepipe.openrouter.settings.request_params).
         request=request_params(config),
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
-        # What reruns the set when budget.usd or budget.policy change (eaglepipe.openrouter.dollars): only
-        # the sets they can buy more for. The limits themselves come from the settings input.
+        # The dollars the set may spend (eaglepipe.openrouter.dollars): a change of budget.usd or
+        # budget.policy reruns only the sets it can buy more for.
         budget_key=dollar_budget_key,
         max_failed_fraction=config["generation"]["max_failed_fraction"],
         journal=str(LAYOUT.journal()),

@@ -65,7 +65,7 @@ def test_a_budget_that_ends_trains_on_what_it_bought_and_a_raise_buys_only_the_r
     assert second.returncode == 0, second.stderr[-4000:]
     for ds, texts in PROMPTS.items():
         summary = json.loads((results / ds / "responses.summary.json").read_text())
-        assert summary["ended_because"] == "all_done" and summary["partial"] is None
+        assert summary["ended_because"] == "all_done" and summary["partial"] is None, second.stderr[-6000:]
         assert summary["resumed"] > 0  # what the first run bought was kept, not asked again
         assert len((results / ds / "responses.jsonl").read_text().splitlines()) == len(texts)
     assert max(billed_prompts(results).values()) == 1  # nothing bought twice

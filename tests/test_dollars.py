@@ -55,6 +55,19 @@ def test_a_set_the_dollars_did_not_stop_keeps_its_key_whatever_the_budget(tmp_pa
     assert key_of(tmp_path, 400) == key_of(tmp_path, 10) == key_of(tmp_path, 10, "in_order") == first
 
 
+def test_a_finished_set_that_reruns_for_its_request_takes_the_planned_budget(tmp_path):
+    first = planned_budget(config(100), SETS).to_param()
+    finished(tmp_path, "token_budget", first, first)
+    summary = json.loads((tmp_path / "responses.summary.json").read_text())
+    summary.update(fingerprint="abc", output_token_budget=10)
+    (tmp_path / "responses.summary.json").write_text(json.dumps(summary))
+    paths = (tmp_path / "responses.summary.json", tmp_path / "responses.jsonl")
+    same = {"fingerprint": "abc", "output_token_budget": 10}
+    assert budget_key(config(400), SETS, *paths, same) == first
+    for changed in ({**same, "fingerprint": "new"}, {**same, "output_token_budget": 20}):
+        assert budget_key(config(400), SETS, *paths, changed)["set_usd"] == 100.0
+
+
 def test_a_set_finished_before_budget_keys_keeps_the_param_it_ran_with(tmp_path):
     finished(tmp_path, "all_done", None, None)
     assert key_of(tmp_path, 100) == 100  # the old rule's usd_budget param: budget.usd itself

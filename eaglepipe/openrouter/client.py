@@ -113,6 +113,9 @@ class GenerationSummary:
     dollar_budget: dict[str, Any] | None = None
     budget_key: Any = None
     partial: str | None = None
+    # What else of the rule's params the set ran under, so a rerun for them is known from this file.
+    fingerprint: str = ""
+    output_token_budget: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The summary file, with what a reader would otherwise have to look up: what `truncated` counts,

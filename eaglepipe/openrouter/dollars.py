@@ -9,11 +9,13 @@
 
 Either way the run-wide ledger keeps the whole run under budget.usd.
 
-Two things are kept apart. The limits a job runs under are the configuration's now, from the run's
-generation_settings file. What reruns a set is the generate rule's `budget_key` param: the planned budget,
-except where the budget cannot change the set's answers (it finished without the dollars stopping it, or
-its share did not grow), which keep the key they last ran with, so raising budget.usd reruns only the sets
-it can buy more for, and not their downstream GPU work.
+The generate rule's `budget_key` param is the budget a set runs under, and a change of it reruns the set:
+it is the planned budget, except where the budget cannot change the set's answers (it finished without the
+dollars stopping it, or its share did not grow), which keep the key they last ran with, so raising
+budget.usd reruns only the sets it can buy more for, not their downstream GPU work. A set that reruns for
+another reason its summary shows (another request fingerprint or token budget) takes the planned budget.
+One it cannot show (`--forcerun`, rebuilt prompts) runs under the kept one; a finished set's kept budget
+bought it everything already, unless a budget.usd change came at the same time.
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ class DollarBudget:
         return asdict(self)
 
     @classmethod
-    def from_param(cls, param: dict[str, Any]) -> DollarBudget:
+    def from_param(cls, param: Any) -> DollarBudget:
+        """A budget_key: a dict, or budget.usd alone for a set finished before keys (the run's budget)."""
+        if not isinstance(param, dict):
+            return cls(policy="in_order", run_usd=float(param), set_usd=None)
         return cls(policy=param["policy"], run_usd=float(param["run_usd"]), set_usd=param["set_usd"])
 
 
@@ -58,12 +63,18 @@ def planned_budget(config: dict[str, Any], bought_sets: list[str]) -> DollarBudg
 
 
 def budget_key(
-    config: dict[str, Any], bought_sets: list[str], summary_path: Path, responses_path: Path
+    config: dict[str, Any],
+    bought_sets: list[str],
+    summary_path: Path,
+    responses_path: Path,
+    reruns_for: dict[str, Any] | None = None,
 ) -> Any:
-    """The generate rule's `budget_key` param (module docstring)."""
+    """The generate rule's `budget_key` param (module docstring). `reruns_for`: the rule's other params
+    that a summary records ({"fingerprint", "output_token_budget"}); a set whose summary differs reruns
+    anyway, under the planned budget."""
     planned = planned_budget(config, bought_sets)
     summary = _summary(summary_path) if responses_path.is_file() else None
-    if summary is None:
+    if summary is None or any(summary.get(key) != value for key, value in (reruns_for or {}).items()):
         return planned.to_param()
     if summary.get("ended_because") in ENDED_REGARDLESS_OF_DOLLARS:
         # A set finished before budget keys existed ran with budget.usd itself as this param.

@@ -16,7 +16,6 @@ from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, U
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.journal import load_done
-from eaglepipe.openrouter.ledger import LedgerView, read_ledger
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.processes import JobStopped
 
@@ -88,7 +87,9 @@ def generate_responses(
         raise JobStopped(f"{len(load_done(journal_dir, settings.fingerprint))} answers kept") from None
     summary.dollar_budget = dollars.to_param() if dollars else None
     summary.budget_key = budget_key
-    if _partial_for_now(summary, dollars, read_ledger(ledger_dir), dataset):
+    summary.fingerprint = settings.fingerprint
+    summary.output_token_budget = settings.output_token_budget
+    if _partial_for_now(summary, dollars):
         summary.partial = "dollar_budget"
     write_json(summary_path, summary.to_json())
     if summary.ended_because not in COMPLETE and summary.partial is None:
@@ -116,17 +117,15 @@ def generate_responses(
     return summary
 
 
-def _partial_for_now(
-    summary: GenerationSummary, dollars: DollarBudget | None, ledger: LedgerView, dataset: str
-) -> bool:
-    """Under budget.policy `share`, the dollars ending a set leave it complete with what it bought, once
-    the settled ledger shows them spent: one more answer at this set's mean cost would pass its share or
-    the run's budget. A stop on requests still held at their worst case (a kill's, priced within minutes)
-    is not the budget's end, and a set with no answer has nothing to train on: both stay unfinished."""
-    if summary.ended_because != "dollar_budget" or dollars is None or not dollars.partial_when_spent:
-        return False
-    if summary.done == 0 or dollars.set_usd is None:
-        return False
-    per_answer = summary.dollars / summary.done
-    spent_by_set = ledger.usd_by_set.get(dataset, 0.0)
-    return spent_by_set + per_answer > dollars.set_usd or ledger.usd + per_answer > dollars.run_usd
+def _partial_for_now(summary: GenerationSummary, dollars: DollarBudget | None) -> bool:
+    """Under budget.policy `share`, the dollars ending a set leave it complete with what it bought. Not
+    while some of its requests are still unpriced after the job's own settlement (a kill's, held at their
+    worst case until `/generation` prices them): the budget may not be spent, and a rerun finds out. A
+    set with no answer has nothing to train on. Both stay unfinished, resumable."""
+    return (
+        summary.ended_because == "dollar_budget"
+        and dollars is not None
+        and dollars.partial_when_spent
+        and summary.done > 0
+        and summary.unresolved == 0
+    )

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglepipe.config import answer_source
-from eaglepipe.openrouter.dollars import planned_budget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import dearest_price
 
@@ -59,10 +57,7 @@ def operational_params(config: dict[str, Any]) -> dict[str, Any]:
     """How a generation job runs and reaches its server, as the generation_settings rule's param (an engine
     set's server included: where it runs, or how the job starts one)."""
     api = config["api"]
-    bought = [ds for ds in config["datasets"] if answer_source(config, ds) == "openrouter"]
     return {
-        # The dollars a bought set may spend now (dollars.py: what reruns a set is its own budget_key).
-        "dollars": planned_budget(config, bought).to_param(),
         "engine": config["engine"],
         "key_file": api["key_file"],
         "key_file_env": api["key_file_env"],

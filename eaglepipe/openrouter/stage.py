@@ -79,7 +79,6 @@ class JobSettings:
     api: ApiSettings
     routing: dict[str, Any]
     generation: dict[str, Any]
-    dollars: DollarBudget
 
     @classmethod
     def from_params(cls, request: dict[str, Any], settings_path: Path) -> JobSettings:
@@ -89,16 +88,10 @@ class JobSettings:
                 "`.venv/bin/snakemake generation_settings`, then rerun"
             )
         operational = json.loads(settings_path.read_text())
-        if "dollars" not in operational:
-            raise OpenRouterError(
-                f"{settings_path} predates budget.policy: rewrite it with "
-                "`.venv/bin/snakemake --forcerun generation_settings` (same config options), then rerun"
-            )
         return cls(
             api=ApiSettings.from_params(request, operational),
             routing=request["routing"],
             generation={**request["generation"], **operational["generation"]},
-            dollars=DollarBudget.from_param(operational["dollars"]),
         )
 
 
@@ -124,6 +117,7 @@ def run_generation(
     threads: int = 1,
 ) -> GenerationSummary:
     api, gen = job.api, job.generation
+    dollars = DollarBudget.from_param(budget_key)
     providers = json.loads(providers_path.read_text())
     if providers.get("model") != api.model:
         raise OpenRouterError(
@@ -145,15 +139,15 @@ def run_generation(
             kept=providers["kept"],
             provider_obj=provider_request(providers["kept"], policy),
             output_token_budget=output_token_budget,
-            usd_budget=job.dollars.run_usd,
-            set_usd_budget=job.dollars.set_usd,
+            usd_budget=dollars.run_usd,
+            set_usd_budget=dollars.set_usd,
             max_failed_fraction=max_failed_fraction,
             emulated=api.local,
         )
         probe = probe_future.result()
         summary = generate_responses(
             prompts_path, responses_path, summary_path, journal_dir, ledger_dir, dataset, settings, key,
-            probe, job.dollars, budget_key,
+            probe, dollars, budget_key,
         )
     log.info(
         "%s: %d done (%d resumed, %d truncated at max_tokens %d), %d tokens, $%.4f%s",
