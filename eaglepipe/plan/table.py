@@ -287,8 +287,8 @@ def _what_it_buys_in_short(plan: SpendPlan, buying: list[SetPlan]) -> str:
     if not short:
         left = ", ".join(full)
         return f"In short: ${plan.remaining_usd:,.2f} buys every set left ({left}){caveat}, {then}."
-    bought = _sum_tokens(item.bought_output_tokens for item in buying)
-    wanted = _sum_tokens(item.output_tokens for item in buying)
+    bought = _sum(item.bought_output_tokens for item in buying)
+    wanted = _sum(item.output_tokens for item in buying)
     tokens = f"{_millions(bought)} of {_millions(wanted)} output tokens"
     if plan.share_usd is not None:
         empty = [item.name for item in short if item.coverage == "no" and not item.done_samples]
@@ -347,10 +347,6 @@ def _millions(count: int | None) -> str:
     if count is None:
         return UNKNOWN
     return f"{count / 1e6:,.1f}M" if count >= 1e6 else f"{count:,}"
-
-
-def _sum_tokens(values: Iterable[int | None]) -> int | None:
-    return _sum(values)
 
 
 def _sum(values: Iterable[int | float | None]) -> Any:
