@@ -4,6 +4,7 @@ request, no key. Every figure it cannot make is None ("unknown") rather than a g
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -239,13 +240,9 @@ def _plan_set(
     bought = sets_answered_by(config, "openrouter", config["datasets"])
     summary, responses = layout.responses_summary(ds), layout.responses(ds)
     if responses.is_file() and not buys_more_on_rerun(config, bought, summary, responses):
-        tokens, samples = _generated_tokens(layout, ds, max_tokens)
         if layout.hidden_done(ds).is_file():  # its tokens still count for training
-            caps = config["hidden"]
-            kept = capped_tokens(
-                tokens, samples, max_samples=caps["max_samples"], max_tokens=caps["max_tokens"]
-            )
-            return SetPlan(ds, "done", hidden_tokens=kept)
+            return SetPlan(ds, "done", hidden_tokens=_trained_tokens(config, layout, ds))
+        tokens, samples = _generated_tokens(layout, ds, max_tokens)
         return SetPlan(ds, "extract", todo_tokens=tokens, todo_samples=samples)
 
     answered_by = answer_source(config, ds)
@@ -350,6 +347,17 @@ def _generated_tokens(layout: RunLayout, ds: str, max_tokens: int) -> tuple[int,
         return token_file_counts(tokens_path)
     records = read_jsonl(layout.responses(ds))
     return sum(_record_tokens(record, max_tokens) for record in records), len(records)
+
+
+def _trained_tokens(config: dict[str, Any], layout: RunLayout, ds: str) -> int | None:
+    """A finished set's tokens in its hidden states, for training's hours; unknown where its files cannot
+    say (the plan of the other sets must not depend on them)."""
+    try:
+        tokens, samples = _generated_tokens(layout, ds, config["generation"]["max_tokens"])
+    except (OSError, ValueError, KeyError, struct.error):
+        return None
+    caps = config["hidden"]
+    return capped_tokens(tokens, samples, max_samples=caps["max_samples"], max_tokens=caps["max_tokens"])
 
 
 def _caps(hidden: dict[str, Any]) -> str:
