@@ -72,9 +72,15 @@ def budget_key(
     """The generate rule's `budget_key` param (module docstring). `reruns_for`: the rule's other params
     that a summary records ({"fingerprint", "output_token_budget"}); a set whose summary differs reruns
     anyway, under the planned budget."""
-    planned = planned_budget(config, bought_sets)
     summary = _summary(summary_path) if responses_path.is_file() else None
-    if summary is None or any(summary.get(key) != value for key, value in (reruns_for or {}).items()):
+    return _key(config, bought_sets, summary, reruns_for or {})
+
+
+def _key(
+    config: dict[str, Any], bought_sets: list[str], summary: dict[str, Any] | None, reruns_for: dict[str, Any]
+) -> Any:
+    planned = planned_budget(config, bought_sets)
+    if summary is None or any(summary.get(key) != value for key, value in reruns_for.items()):
         return planned.to_param()
     if summary.get("ended_because") in ENDED_REGARDLESS_OF_DOLLARS:
         # A set finished before budget keys existed ran with budget.usd itself as this param.
@@ -91,7 +97,7 @@ def buys_more_on_rerun(
     summary = _summary(summary_path) if responses_path.is_file() else None
     if summary is None or summary.get("partial") != "dollar_budget":
         return False
-    return budget_key(config, bought_sets, summary_path, responses_path) != summary.get("budget_key")
+    return _key(config, bought_sets, summary, {}) != summary.get("budget_key")
 
 
 def _share_grew(ran_under: Any, planned: DollarBudget) -> bool:

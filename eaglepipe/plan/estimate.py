@@ -68,27 +68,28 @@ def spend_plan(
     builds of them (SpendPlan.goal)."""
     target_dir = Path(config["target"]["path"])
     prices = dearest_prices(layout.providers, config["api"]["model"]) or configured_prices(config)
-    hidden_size, hidden_size_source = target_hidden_size(target_dir), "the target's config.json"
+    architecture = target_architecture(target_dir)
+    hidden_size = None if architecture is None else architecture.hidden_size
+    hidden_size_source = "the target's config.json"
     if hidden_size is None and config["target"].get("hidden_size"):
         # Before the target is downloaded, the width the config states sizes the shards.
         hidden_size, hidden_size_source = config["target"]["hidden_size"], "target.hidden_size"
     bytes_per_token = shard_bytes_per_token(hidden_size, config["hidden"]["dtype"])
     count_input = InputTokens(target_dir)
+    bought_sets = sets_answered_by(config, "openrouter", config["datasets"])
     sets = [
-        _plan_set(config, ds, layout, fingerprint, prices, count_input, bytes_per_token)
+        _plan_set(config, ds, layout, fingerprint, prices, count_input, bought_sets)
         for ds in datasets
     ]
     ledger = read_ledger(layout.ledger)
     spent = ledger.usd
     budget = float(config["budget"]["usd"])
-    bought_sets = sets_answered_by(config, "openrouter", config["datasets"])
     dollars = planned_budget(config, bought_sets)
     if dollars.set_usd is None:
         covered = with_coverage(sets, max(budget - spent, 0.0))
     else:
         covered = with_shares(sets, dollars.set_usd, ledger.usd_by_set)
     covered = [_with_hidden_tokens(item, config["hidden"], bytes_per_token) for item in covered]
-    architecture = target_architecture(target_dir)
     hidden_tokens = _sum_known(item.hidden_tokens for item in covered if item.status != "done")
     train_tokens = _sum_known(item.hidden_tokens for item in covered)
     bought_output = [item for item in covered if item.status == "generate" and item.source == "openrouter"]
@@ -234,12 +235,11 @@ def _plan_set(
     fingerprint: str,
     prices: Prices | None,
     count_input: InputTokens,
-    bytes_per_token: int | None,
+    bought_sets: list[str],
 ) -> SetPlan:
     max_tokens = config["generation"]["max_tokens"]
-    bought = sets_answered_by(config, "openrouter", config["datasets"])
     summary, responses = layout.responses_summary(ds), layout.responses(ds)
-    if responses.is_file() and not buys_more_on_rerun(config, bought, summary, responses):
+    if responses.is_file() and not buys_more_on_rerun(config, bought_sets, summary, responses):
         if layout.hidden_done(ds).is_file():  # its tokens still count for training
             return SetPlan(ds, "done", hidden_tokens=_trained_tokens(config, layout, ds))
         tokens, samples = _generated_tokens(layout, ds, max_tokens)
