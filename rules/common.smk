@@ -119,27 +119,6 @@ def generation_settings_input(wildcards):
     return ancient(LAYOUT.generation_settings)
 
 
-def same_configuration():
-    """The options that gave this run its configuration, as the user typed them (a profile, then config
-    files), so a command a hint prints reads the same results root."""
-    argv = sys.argv[1:]
-    options = []
-    for position, word in enumerate(argv):
-        if word in ("--workflow-profile", "--profile") and position + 1 < len(argv):
-            options.append(f"{word} {argv[position + 1]}")
-        elif word.startswith(("--workflow-profile=", "--profile=")):
-            options.append(word)
-        elif word in ("--configfile", "--configfiles"):
-            for path in argv[position + 1:]:  # its files run to the next option, as Snakemake reads them
-                if path.startswith("-"):
-                    break
-                options.append(f"--configfile {path}")
-    if not options:  # started through the Python API: the config files Snakemake read
-        options = [f"--configfile {path}" for path in workflow.overwrite_configfiles]
-    return "".join(f" {option}" for option in options)
-
-
-
 # The spend plan, on stderr while parsing, so `snakemake -n` shows it and a real run shows it before it
 # spends (parse time cannot tell the two apart). Jobs that Snakemake re-parses the workflow for
 # (`--mode subprocess` / `remote`) skip it.

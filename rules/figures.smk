@@ -38,6 +38,7 @@ rule figures:
 onsuccess:
     from eaglepipe.figures.data import load_run
     from eaglepipe.figures.summary import run_table
+    from eaglepipe.plan import same_configuration
 
     run = load_run(
         DATASETS,
@@ -47,8 +48,11 @@ onsuccess:
         evaluation=LAYOUT.evaluation,
     )
     print(run_table(run, emulated=LOCAL_API), file=sys.stderr)
-    print(f"eaglepipe: the report: .venv/bin/snakemake{same_configuration()} --report {LAYOUT.report}",
-          file=sys.stderr)
+    # The configuration this run was started with, so the report reads the same results root.
+    options = same_configuration(sys.argv)
+    if options is None:  # started through the Python API: the config files Snakemake read
+        options = "".join(f" --configfile {path}" for path in workflow.overwrite_configfiles)
+    print(f"eaglepipe: the report: .venv/bin/snakemake{options} --report {LAYOUT.report}", file=sys.stderr)
 
 
 onerror:

@@ -71,13 +71,31 @@ def command_line_targets(argv: list[str]) -> list[str]:
     """The targets of a `snakemake` command line, parsed by Snakemake's own parser (at parse time the
     workflow does not know them yet); none when this process was not started as `snakemake`. Building
     that parser costs most of a second, so callers first check that a word could be a target at all."""
+    args = command_line_args(argv)
+    return [] if args is None else list(args.targets or [])
+
+
+def same_configuration(argv: list[str]) -> str | None:
+    """The options of a `snakemake` command line that gave the run its configuration (its profiles, then
+    its config files), as a hint repeats them; None when this process was not started as `snakemake`."""
+    args = command_line_args(argv)
+    if args is None:
+        return None
+    options = [f"{flag} {value}" for flag, value in (("--profile", args.profile),
+                                                     ("--workflow-profile", args.workflow_profile)) if value]
+    options += [f"--configfile {path}" for path in args.configfile or []]
+    return "".join(f" {option}" for option in options)
+
+
+def command_line_args(argv: list[str]) -> Any:
+    """`argv` read by Snakemake's own argument parser, or None for a process not started as `snakemake`."""
     program = Path(argv[0]) if argv else Path()
     if "snakemake" not in (program.name, program.parent.name):
-        return []
+        return None
     from snakemake.cli import get_argument_parser
 
     args, _unknown = get_argument_parser().parse_known_args(argv[1:])
-    return list(args.targets or [])
+    return args
 
 
 def print_spend_plan(
