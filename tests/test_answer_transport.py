@@ -239,7 +239,7 @@ def test_an_error_chunk_fails_at_once_even_if_the_connection_stays_open() -> Non
             began = loop.time()
             with pytest.raises(RequestFailed) as failed:
                 await streamed(url, [])
-            assert failed.value.status == 502 and failed.value.error_class == "error_in_200"
+            assert failed.value.status == 502 and failed.value.kind == "error_in_200"
             assert failed.value.generation_id == "gen-t"
             return loop.time() - began
 
@@ -401,7 +401,7 @@ def test_an_http_error_with_a_length_is_read_with_its_retry_after() -> None:
         async with RawServer([whole(response)]) as url:
             with pytest.raises(RequestFailed) as failed:
                 await streamed(url, [])
-        assert failed.value.status == 429 and failed.value.retry_after_s == 3.0
+        assert failed.value.status == 429 and failed.value.wait and failed.value.wait.seconds == 3.0
         assert "slow down" in failed.value.detail
 
     asyncio.run(main())

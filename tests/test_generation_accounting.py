@@ -298,7 +298,7 @@ def test_the_first_wave_is_sized_to_what_the_key_can_reserve(tmp_path: Path, key
         )
         assert_ledger_equals_charges(url, tmp_path)
     assert summary.ended_because == "all_done" and summary.done == len(prompts)
-    in_flight_402s = summary.errors_by_class.get("http_402_openrouter_in_flight_budget", 0)
+    in_flight_402s = summary.errors_by_class.get("in_flight_budget", 0)
     if key_limited:
         assert summary.first_wave == 3 and in_flight_402s == 0
         assert summary.concurrency_cuts == 0 and summary.concurrency_lowest == 6  # a first wave is no cut

@@ -174,7 +174,7 @@ SCRIPTS: dict[str, list[Response]] = {
         ok("kept"),
     ],
     "moderated": [error(403)],
-    "overloaded": [error(529), error(524), error(500)],
+    "overloaded": [error(502), error(524), error(500)],
     "no-endpoint": [error(404)],
     "stream-tools": [
         sse(
@@ -356,7 +356,7 @@ def test_budget_403s_stop_the_run_resumable_never_fail_the_prompt(
 def test_in_flight_budget_402_is_waited_out_and_retried(scripted: ScriptedServer, tmp_path: Path) -> None:
     summary = run(scripted, ["in-flight-budget"], tmp_path)
     assert summary.ended_because == "all_done" and summary.done == 1
-    assert summary.errors_by_class == {"http_402_openrouter_in_flight_budget": 1}
+    assert summary.errors_by_class == {"in_flight_budget": 1}
     first, second = scripted.attempt_times["in-flight-budget"]
     assert second - first >= 0.3
 
@@ -377,7 +377,7 @@ def test_provider_400s_get_a_few_tries_then_fail_with_the_providers_message(
     (failure,) = summary.failures
     assert (failure["prompt_id"], failure["status"], failure["attempts"]) == ("provider-400-stays", 400, 3)
     assert "[Chutes: upstream worker restarted]" in failure["error"]
-    assert summary.errors_by_class["http_400_provider"] == 4
+    assert summary.errors_by_class["provider_refused"] == 4
     assert len(scripted.attempt_times["string-code-in-200"]) == 2  # "502" as a string is still a 502
 
 
@@ -435,7 +435,7 @@ def test_a_provider_past_its_strikes_is_dropped_from_routing(
     summary = run(scripted, ["chutes-400", "after-the-drop"], tmp_path, breaker_strikes=3, **ROUTED)
     assert summary.ended_because == "all_done" and summary.done == 1 and summary.failed_permanent == 1
     assert summary.breaker["dropped"] == {
-        "Chutes": "3 unusable of 3 returned (http_400_provider x3)"
+        "Chutes": "3 unusable of 3 returned (provider_refused x3)"
     }
     assert [b["provider"]["only"] for b in scripted.bodies["chutes-400"]] == [["chutes/fp8", "fake"]] * 3
     (after,) = scripted.bodies["after-the-drop"]

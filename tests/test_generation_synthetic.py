@@ -176,7 +176,7 @@ def test_a_balance_sized_in_flight_budget_is_waited_out_at_high_concurrency(tmp_
                            expected_request_usd=0.0115, backoff_base_s=0.2)
         charged = stats(url)
     assert summary.ended_because == "all_done" and summary.done == 150
-    assert summary.errors_by_class["http_402_openrouter_in_flight_budget"] > 0
+    assert summary.errors_by_class["in_flight_budget"] > 0
     assert summary.concurrency_lowest < 200 and summary.concurrency_cuts > 0
     assert charged["requests_billed"] == 150 and charged["reserved_usd"] == pytest.approx(0.0, abs=1e-9)
     assert read_ledger(tmp_path / "results" / ".ledger").usd == pytest.approx(charged["usd_charged"])

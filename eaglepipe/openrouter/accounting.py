@@ -15,6 +15,7 @@ from eaglepipe.openrouter.console import ProviderStats
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.ledger import RunLedger
 from eaglepipe.openrouter.replies import RequestFailed
+from eaglepipe.openrouter.taxonomy import Observed
 
 if TYPE_CHECKING:
     from eaglepipe.openrouter.client import GenerationSummary
@@ -147,7 +148,7 @@ async def bill(
 async def close_failed(ledger: RunLedger, prompt_id: str, failure: RequestFailed) -> None:
     """A failure that carried a cost is charged. One that answered (HTTP error or an error in the body)
     closes its `started` line at zero; a cut connection leaves it open for `/generation` to settle."""
-    answered = failure.status is not None or failure.error_class in {"error_in_200", "empty"}
+    answered = failure.kind in {Observed.HTTP, Observed.ERROR_IN_200, Observed.EMPTY_CHOICES}
     if failure.generation_id and (answered or failure.cost):
         await ledger.billed(
             prompt_id,

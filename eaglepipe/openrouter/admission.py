@@ -10,6 +10,7 @@ worst case up front.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from eaglepipe.openrouter.billing_api import KeyState
@@ -59,6 +60,8 @@ class Admission:
         self.live_ids: set[str] = set()
         self.first_wave: int | None = None
         self.first_wave_note = ""
+        # Until this (monotonic) time a rate-limit window is closed: nothing new goes out.
+        self.held_until = 0.0
 
     def size_first_wave(self, key: KeyState | None, todo: list[dict[str, Any]]) -> None:
         """OpenRouter reserves each request's worst case, (prompt + max_tokens) at the endpoint's price,
@@ -84,7 +87,7 @@ class Admission:
         """None: `prompt_id` is in flight now. ("wait", "") while the limit is full or requests in flight
         may leave room, else (reason, message) for the run to stop on. `tokens_done`: the set's completion
         tokens so far, resumed ones included."""
-        if self.in_flight >= self.limit.current:
+        if self.in_flight >= self.limit.current or time.monotonic() < self.held_until:
             return "wait", ""
         verdict = self._budget_verdict(tokens_done, ledger)
         if verdict is None:
@@ -95,6 +98,14 @@ class Admission:
     def finish(self, prompt_id: str) -> None:
         self.in_flight -= 1
         self.forecast.finish(prompt_id)
+
+    def hold_for(self, seconds: float) -> None:
+        """A rate-limit window said it is closed for `seconds`: new requests wait (the tick, once a
+        second, wakes the feeder to look again)."""
+        self.held_until = max(self.held_until, time.monotonic() + seconds)
+
+    def held_s(self) -> float:
+        return max(0.0, self.held_until - time.monotonic())
 
     def record_attempt(self, *, rate_limited: bool) -> None:
         """A failed attempt, for the limit's 429 storm detection."""

@@ -1,12 +1,17 @@
 """Per-provider circuit breaker: stop paying a provider whose answers cannot be used.
 
-A provider earns a strike for each answer or error that says its answers are unusable: a provider 400
+Only evidence counts, as the taxonomy's rows say (`taxonomy.Shape.strike`): a provider 400
 (`metadata.provider_name`), an HTTP 200 that is not an answer, and an answer the token stage's structural
-check refuses while the provider is on probation (its first `generation.probe_answers` answers). Once its
-strikes reach `strikes` and make up at least `share` of everything it returned, it is dropped for the rest of
-the run: no new request is routed to it, and the summary says why. Answers from a provider routing did not
-keep (a foreign display name: a routing leak, or a kept endpoint whose name drifted) are paid and discarded;
-past the same threshold the run stops, because retrying would only buy more discards.
+check refuses while the provider is on probation (its first `generation.probe_answers` answers) are each a
+strike. Once a provider's strikes reach `strikes` and make up at least `share` of everything it returned,
+it is dropped for the rest of the run: no new request is routed to it, and the summary says why.
+Throttling (429, 529, an in-flight budget) is never a strike: at 2000 in flight a busy provider answers
+dozens of 429s a second, and dropping it would stop a run that only had to slow down. A provider's own 5xx
+counts only when it keeps failing there alone: `SERVER_ERROR_FACTOR` times the strikes, at least half of
+what it returned, and another kept provider still in use (a 5xx burst of the only provider is retried, and
+what stays unanswered is left for a rerun, not turned into a stop). Answers from a provider routing did
+not keep (a foreign display name: a routing leak, or a kept endpoint whose name drifted) are paid and
+discarded; past the same threshold the run stops, because retrying would only buy more discards.
 """
 
 from __future__ import annotations
@@ -15,11 +20,19 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
+from eaglepipe.openrouter.taxonomy import Observed
+
+if TYPE_CHECKING:
+    from eaglepipe.openrouter.replies import RequestFailed
+
 log = logging.getLogger(__name__)
+
+SERVER_ERROR_FACTOR = 4
+SERVER_ERROR_SHARE = 0.5
 
 
 @dataclass
@@ -32,6 +45,8 @@ class ProviderBreaker:
     dropped: dict[str, str] = field(default_factory=dict)  # provider -> why, in one line
     foreign: Counter[str] = field(default_factory=Counter)
 
+    server_errors: Counter[str] = field(default_factory=Counter)
+
     def answered(self, provider: str) -> None:
         self.answers[provider] += 1
 
@@ -41,11 +56,25 @@ class ProviderBreaker:
         self.reasons.setdefault(provider, Counter())[reason] += 1
         if provider in self.dropped or not self._tripped(self.struck[provider], self.answers[provider]):
             return False
+        return self._drop(provider, self.struck[provider], "unusable")
+
+    def server_error(self, provider: str, reason: str, *, others_in_use: bool) -> bool:
+        """Count one 5xx the provider itself returned; True when this one drops it."""
+        self.server_errors[provider] += 1
+        self.reasons.setdefault(provider, Counter())[reason] += 1
+        failed, answered = self.server_errors[provider], self.answers[provider]
+        if (
+            provider in self.dropped
+            or not others_in_use
+            or failed < SERVER_ERROR_FACTOR * self.strikes
+            or failed < SERVER_ERROR_SHARE * (failed + answered)
+        ):
+            return False
+        return self._drop(provider, failed, "server errors")
+
+    def _drop(self, provider: str, failed: int, what: str) -> bool:
         causes = ", ".join(f"{why} x{n}" for why, n in self.reasons[provider].most_common())
-        self.dropped[provider] = (
-            f"{self.struck[provider]} unusable of {self.struck[provider] + self.answers[provider]} "
-            f"returned ({causes})"
-        )
+        self.dropped[provider] = f"{failed} {what} of {failed + self.answers[provider]} returned ({causes})"
         return True
 
     def discarded(self, provider: str) -> bool:
@@ -92,10 +121,28 @@ class ProviderHealth:
         """The providers the breaker dropped, in lower case as routing compares names."""
         return frozenset(name.lower() for name in self.breaker.dropped)
 
+    def judge(self, failure: RequestFailed) -> None:
+        """What a failed attempt proves about its provider, as its taxonomy row says."""
+        shape = failure.shape
+        if failure.kind == Observed.FOREIGN_PROVIDER:
+            self.discarded(str(failure.provider))
+        elif shape.strike == "unusable":
+            self.strike(failure.provider_name or failure.provider or "(unnamed)", shape.name)
+        elif shape.strike == "server_error" and failure.provider_name:
+            dropped = self.dropped()
+            others = any(
+                name.lower() != failure.provider_name.lower() and name.lower() not in dropped
+                for name in self.allowed_providers
+            )
+            if self.breaker.server_error(failure.provider_name, shape.name, others_in_use=others):
+                self._dropped(failure.provider_name)
+
     def strike(self, provider: str, reason: str) -> None:
         """One unusable answer or error from `provider`; the breaker may drop it, and with it the run."""
-        if not self.breaker.strike(provider, reason):
-            return
+        if self.breaker.strike(provider, reason):
+            self._dropped(provider)
+
+    def _dropped(self, provider: str) -> None:
         log.warning(
             "%s: provider %s dropped for the rest of the run: %s",
             self.dataset,

@@ -4,11 +4,12 @@ A fixed pool of `concurrency` workers reads prompts from a bounded stream; the f
 only when the live concurrency has room, the run is not stopping and the budgets allow it (see
 `admission.py`). Once a second a housekeeping tick re-reads the run-wide ledger, beats this job's heartbeat,
 splits the run's concurrency among the jobs running now, adapts it to 429s and redraws the progress line.
-Failures are sorted by what helps (`verdict.py`, by status and OpenRouter's error metadata): transient
-ones are retried, in-flight-budget 402s and 429s also lower the live concurrency, permanent ones are
-recorded, and credit, key and budget limits stop new requests while those in flight finish, so everything
-paid for is kept and a rerun resumes. What was done and spent is tallied in `accounting.py`; providers
-whose answers cannot be used are dropped by `breaker.py`.
+Each failure is named and judged by the taxonomy (`taxonomy.py`, one table of every shape the API and its
+providers fail in): transient ones are retried, throttles are waited out as told and lower the live
+concurrency (a closed rate-limit window holds every new request), permanent ones are recorded, provider
+evidence goes to the breaker, and credit, key and budget limits stop new requests while those in flight
+finish, so everything paid for is kept and a rerun resumes. What was done and spent is tallied in
+`accounting.py`; providers whose answers cannot be used are dropped by `breaker.py`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.settings import GenerationSettings
-from eaglepipe.openrouter.verdict import Verdict, verdict
+from eaglepipe.openrouter.taxonomy import Observed
 from eaglepipe.progress import eta_seconds, format_eta
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ UNSEEN_GRACE_S = 600.0
 # Throttling answers (429, in-flight-budget 402) say "not now", not "this prompt fails": they do not use up
 # `max_attempts`, only this much larger allowance (with Retry-After waits, minutes of trying).
 MAX_THROTTLED_RETRIES = 200
+# A throttle's wait is honoured in full up to this; a longer one (a daily limit) stops the run resumable.
+THROTTLE_MAX_WAIT_S = 900.0
 
 
 class UsabilityProbe(Protocol):
@@ -265,9 +268,9 @@ class _Run:
         self.tally.count_recovered(record)
         self.notify()
 
-    def count_error(self, failure: RequestFailed, judged: Verdict) -> None:
+    def count_error(self, failure: RequestFailed) -> None:
         self.tally.count_error(failure)
-        self.admission.record_attempt(rate_limited=judged.action == "throttle")
+        self.admission.record_attempt(rate_limited=failure.shape.verdict == "throttle")
 
     def request_fields(self) -> dict[str, Any]:
         return self.settings.shared_request_fields(self.health.dropped())
@@ -346,6 +349,9 @@ class _Run:
         # What OpenRouter holds against the balance for the requests in flight (its in-flight budget).
         reserved = admission.in_flight * self.settings.expected_request_usd
         note = admission.first_wave_note
+        held = admission.held_s()
+        if held:
+            note = f"new requests held {held:.0f}s by a rate-limit window" + (f", {note}" if note else "")
         if self.settings.paid:
             dollars = f"${spent:.2f} spent by the run (projected ${projected:.2f}), "
             in_flight = f"(limit {admission.limit.current}, ${reserved:.2f} reserved at worst case)"
@@ -616,18 +622,18 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
             if allowed and str(reply.get("provider") or "").lower() not in allowed:
                 await bill(ledger, prompt["id"], reply, outcome="discarded")
                 raise RequestFailed(
-                    None,
+                    Observed.FOREIGN_PROVIDER,
                     f"served by {reply.get('provider')!r}, outside the allowlist: discarded",
                     provider=reply.get("provider"),
-                    error_class="wrong_provider",
                 )
         except RequestFailed as failed:
             failure = failed
         except httpx.HTTPError as error:
-            failure = RequestFailed(None, f"{type(error).__name__} {one_line(str(error))}".strip())
+            detail = f"{type(error).__name__} {one_line(str(error))}".strip()
+            failure = RequestFailed(Observed.NETWORK, detail)
         except TimeoutError:
             failure = RequestFailed(
-                None, f"no complete answer within {settings.request_timeout_s:g} s", error_class="timeout"
+                Observed.TIMEOUT, f"no complete answer within {settings.request_timeout_s:g} s"
             )
         else:
             if not settings.paid:
@@ -651,38 +657,53 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
             run.admission.live_ids.difference_update(this_attempt)
             this_attempt.clear()
         await close_failed(ledger, prompt["id"], failure)
-        judged = verdict(failure)
-        run.count_error(failure, judged)
-        if failure.error_class == "wrong_provider":
-            run.health.discarded(str(failure.provider))
-        elif failure.provider_name or (failure.error_class == "error_in_200" and failure.status is None):
-            run.health.strike(failure.provider_name or failure.provider or "(unnamed)", failure.error_class)
-        if judged.action == "stop":
-            run.stop(judged.ended_because, f"{failure} (prompt {prompt['id']}): {judged.advice}")
+        shape = failure.shape
+        run.count_error(failure)
+        run.health.judge(failure)
+        if shape.verdict == "run_stop":
+            run.stop(shape.ended_because, f"{failure} (prompt {prompt['id']}): {shape.advice}")
             return
-        if judged.action == "throttle":
+        wait_s = _wait_s(attempt, failure, settings)
+        if shape.verdict == "throttle":
             throttled += 1
+            if wait_s > THROTTLE_MAX_WAIT_S:
+                run.stop("rate_limited", _long_wait_message(failure, wait_s, prompt["id"]))
+                return
+            if failure.wait is not None and failure.wait.window:
+                run.admission.hold_for(wait_s)  # the window is closed for every request, not just this one
         else:
             failed_attempts += 1
-        if judged.action == "fail" and failed_attempts >= (judged.attempts or 1):
+        if shape.verdict == "prompt_permanent" or (shape.attempts and failed_attempts >= shape.attempts):
             run.tally.count_failure(prompt["id"], failure, attempt, permanent=True)
             return
         if failed_attempts >= settings.max_attempts or throttled >= MAX_THROTTLED_RETRIES:
             run.tally.count_failure(prompt["id"], failure, attempt, permanent=False)
             return
         run.summary.retries += 1
-        with anyio.move_on_after(_backoff_s(attempt, failure, settings)):
+        with anyio.move_on_after(wait_s):
             await run.stopping.wait()
         if run.stop_reason is not None:
             return
 
 
-def _backoff_s(attempt: int, failure: RequestFailed, settings: GenerationSettings) -> float:
-    """The server's Retry-After when it gives one, else exponential; jitter keeps workers that failed
-    together from retrying together. Capped: a longer wait is better spent by a rerun."""
-    if failure.retry_after_s is not None:
-        delay = failure.retry_after_s + random.uniform(0, settings.backoff_base_s)
-    else:
-        exponential = settings.backoff_base_s * 2 ** (attempt - 1)
-        delay = random.uniform(exponential / 2, exponential)
-    return min(delay, settings.backoff_max_s) if math.isfinite(delay) else settings.backoff_max_s
+def _wait_s(attempt: int, failure: RequestFailed, settings: GenerationSettings) -> float:
+    """The longest wait the server gave (plus jitter, so workers told the same wait do not retry
+    together), else exponential backoff. A transient failure's wait is capped at `backoff_max_s` (a longer
+    one is better spent by a rerun); a throttle's is not: retrying into a closed window buys nothing, and a
+    wait past THROTTLE_MAX_WAIT_S stops the run instead."""
+    jitter = random.uniform(0, settings.backoff_base_s)
+    if failure.wait is not None and failure.shape.verdict == "throttle":
+        return failure.wait.seconds + jitter
+    if failure.wait is not None:
+        return min(failure.wait.seconds + jitter, settings.backoff_max_s)
+    exponential = settings.backoff_base_s * 2 ** (attempt - 1)
+    return min(random.uniform(exponential / 2, exponential), settings.backoff_max_s)
+
+
+def _long_wait_message(failure: RequestFailed, wait_s: float, prompt_id: str) -> str:
+    assert failure.wait is not None
+    at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(time.time() + wait_s))
+    return (
+        f"{failure} (prompt {prompt_id}): told to wait {wait_s / 60:.0f} min ({failure.wait.source}), "
+        f"longer than a run waits ({THROTTLE_MAX_WAIT_S / 60:.0f} min): rerun after {at}"
+    )

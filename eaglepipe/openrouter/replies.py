@@ -10,61 +10,80 @@ why it finished is a failure, never a response.
 
 from __future__ import annotations
 
-import datetime
-import email.utils
 import json
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from eaglepipe.openrouter.answer_transport import ChatRoute, body_arrived
 from eaglepipe.openrouter.errors import error_detail, one_line
+from eaglepipe.openrouter.ratelimit import Wait, throttle_wait
+from eaglepipe.openrouter.taxonomy import TYPED_STATUS, Finish, Observed, Shape, classify, judge_finish
 
 
 class RequestFailed(Exception):
-    """One attempt failed; `status` None means no HTTP answer (connection, timeout, broken body).
+    """One attempt failed: what was observed (`kind`, `taxonomy.Observed`) and what the server said.
 
-    `error_class` groups failures for the progress line and the summary; `cost`, `generation_id` and
-    `provider` are kept when the failed answer reported them, so the ledger can charge it. `code`,
-    `limit_source` and `provider_name` come from OpenRouter's `error` object: what the failure means for
-    the run depends on them as much as on the status (`verdict.py`).
+    `status` is the HTTP status, or the code of an error carried inside an HTTP 200 (None for none);
+    `code`, `limit_source`, `provider_name`, `raw` and `reason` come from OpenRouter's `error` object, `wait`
+    from the wait headers and body (`ratelimit.py`). What the failure means for the run is `shape`, the
+    taxonomy's row (`taxonomy.py`), whose name is the failure's class in the summary. `cost`,
+    `generation_id` and `provider` are kept when the failed answer reported them, so the ledger can charge it.
     """
+
+    kind: Observed
+    detail: str
+    status: int | None
+    code: str | int | None
+    limit_source: str | None
+    provider_name: str | None
+    raw: str | None
+    reason: str | None
+    wait: Wait | None
+    content_type: str | None
+    cost: float | None
+    generation_id: str | None
+    provider: str | None
+    shape: Shape
 
     def __init__(
         self,
-        status: int | None,
+        kind: Observed,
         detail: str,
-        retry_after_s: float | None = None,
         *,
-        error_class: str | None = None,
-        cost: float | None = None,
-        generation_id: str | None = None,
-        provider: str | None = None,
+        status: int | None = None,
         code: str | int | None = None,
         limit_source: str | None = None,
         provider_name: str | None = None,
+        raw: str | None = None,
+        reason: str | None = None,
+        wait: Wait | None = None,
+        content_type: str | None = None,
+        cost: float | None = None,
+        generation_id: str | None = None,
+        provider: str | None = None,
     ) -> None:
         super().__init__(f"HTTP {status}: {detail}" if status is not None else detail)
-        self.status = status
+        self.kind = kind
         self.detail = detail
-        self.retry_after_s = retry_after_s
-        self.error_class = error_class or _error_class(status, limit_source, provider_name)
-        self.cost = cost
-        self.generation_id = generation_id
-        self.provider = provider
+        self.status = status
         self.code = code
         self.limit_source = limit_source
         self.provider_name = provider_name
+        self.raw = raw
+        self.reason = reason
+        self.wait = wait
+        self.content_type = content_type
+        self.cost = cost
+        self.generation_id = generation_id
+        self.provider = provider
+        self.shape = classify(self)
 
-
-def _error_class(status: int | None, limit_source: str | None, provider_name: str | None) -> str:
-    """`http_402_openrouter_in_flight_budget`, `http_400_provider`: the summary tells the kinds apart."""
-    if status is None:
-        return "network"
-    if limit_source:
-        return f"http_{status}_{limit_source}"
-    return f"http_{status}_provider" if provider_name and status == 400 else f"http_{status}"
+    @property
+    def error_class(self) -> str:
+        return self.shape.name
 
 
 async def read_reply(
@@ -89,15 +108,18 @@ async def read_reply(
     try:
         data = response.json()
     except ValueError:
-        raise RequestFailed(None, "HTTP 200 whose body is not JSON", error_class="error_in_200") from None
+        data = None
     if not isinstance(data, dict):
-        raise RequestFailed(None, "HTTP 200 whose body is not a JSON object", error_class="error_in_200")
+        generation_id = response.headers.get("x-generation-id")
+        raise RequestFailed(
+            Observed.NOT_JSON, "HTTP 200 whose body is not a JSON object", generation_id=generation_id
+        )
     context = _FailureContext(data.get("id"), data.get("provider"), data.get("usage"))
     if data.get("error"):
         raise context.error_in_body(data["error"])
     choices = data.get("choices") or []
     if not choices:
-        raise context.failed("HTTP 200 with no choices", "empty")
+        raise context.failed("HTTP 200 with no choices", Observed.EMPTY_CHOICES)
     choice = choices[0]
     if choice.get("finish_reason") == "error":
         raise context.error_in_body(choice.get("error") or {})
@@ -107,7 +129,6 @@ async def read_reply(
         "content": message.get("content") or "",
         "reasoning": message.get("reasoning") or message.get("reasoning_content") or _details_text(details),
         "tool_calls": message.get("tool_calls") or [],
-        "finish_reason": choice.get("finish_reason"),
         **_details_fields(details),
     }
     if choice.get("token_ids") is not None:
@@ -119,7 +140,9 @@ async def read_reply(
     logprobs = _logprob_entries(choice.get("logprobs"))
     if logprobs:
         answer["logprobs"] = {"content": logprobs}
-    return _record_fields(answer, data.get("provider"), data.get("id"), data.get("usage"), response)
+    ending = _Ending(choice.get("finish_reason"), choice.get("native_finish_reason"), True, False, True)
+    provider, generation_id, usage = data.get("provider"), data.get("id"), data.get("usage")
+    return _record_fields(answer, ending, provider, generation_id, usage, response, body)
 
 
 def _logprob_entries(logprobs: Any) -> list[dict[str, Any]]:
@@ -161,9 +184,12 @@ async def read_streamed_reply(
                 break
         else:
             await stream.add_events(events.end(), on_started)
-        if stream.finish_reason is None:
-            raise stream.context().failed("the stream ended without a finish_reason", "network")
-        return _record_fields(stream.answer(), stream.provider, stream.generation_id, stream.usage, response)
+        ending = _Ending(
+            stream.finish_reason, stream.native_finish_reason, events.done, True, stream.had_choice
+        )
+        return _record_fields(
+            stream.answer(), ending, stream.provider, stream.generation_id, stream.usage, response, body
+        )
 
 
 class _EventReader:
@@ -252,32 +278,27 @@ class _FailureContext:
         self.provider = provider
         self.cost = (usage or {}).get("cost")
 
-    def failed(self, detail: str, error_class: str, status: int | None = None) -> RequestFailed:
+    def failed(self, detail: str, kind: Observed) -> RequestFailed:
         return RequestFailed(
-            status,
-            detail,
-            error_class=error_class,
-            cost=self.cost,
-            generation_id=self.generation_id,
-            provider=self.provider,
+            kind, detail, cost=self.cost, generation_id=self.generation_id, provider=self.provider
         )
 
     def error_in_body(self, error: Any) -> RequestFailed:
-        """An error inside an HTTP 200 keeps its own code, so a 402 mid-stream still stops the run."""
+        """An error inside an HTTP 200 keeps its own code, so a 402 mid-stream still stops the run and a
+        429 there is still throttling."""
         if not isinstance(error, dict):
-            return self.failed(f"error inside an HTTP 200: {one_line(str(error))}", "error_in_200")
-        code, status, metadata = _error_fields(error)
+            return self.failed(f"error inside an HTTP 200: {one_line(str(error))}", Observed.ERROR_IN_200)
+        fields = _ErrorFields(error)
         message = one_line(str(error.get("message") or error))
         return RequestFailed(
-            status,
-            f"error inside an HTTP 200: {message}{_limit_note(metadata)}",
-            error_class="error_in_200",
+            Observed.ERROR_IN_200,
+            f"error inside an HTTP 200: {message}{fields.note()}",
+            **fields.metadata(),
+            status=fields.status,
+            wait=throttle_wait({}, error),
             cost=self.cost,
             generation_id=self.generation_id,
             provider=self.provider,
-            code=code,
-            limit_source=_text(metadata.get("limit_source")),
-            provider_name=_text(metadata.get("provider_name")),
         )
 
 
@@ -296,6 +317,8 @@ class _StreamedAnswer:
         self.prompt_token_ids: list[int] | None = None
         self.logprobs: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
+        self.native_finish_reason: str | None = None
+        self.had_choice = False
         self.provider: str | None = None
         self.generation_id = generation_id
         self.usage: dict[str, Any] | None = None
@@ -315,7 +338,7 @@ class _StreamedAnswer:
                 if first_id and on_started:
                     await on_started(first_id)
         except _BadEvent as bad:
-            raise self.context().failed(str(bad), "network") from None
+            raise self.context().failed(str(bad), Observed.NOT_JSON) from None
 
     def add(self, chunk: dict[str, Any]) -> None:
         self.generation_id = self.generation_id or chunk.get("id")
@@ -327,6 +350,7 @@ class _StreamedAnswer:
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
+            self.had_choice = True
             finish_reason = choice.get("finish_reason")
             if finish_reason == "error":
                 raise self.context().error_in_body(choice.get("error") or {})
@@ -347,6 +371,7 @@ class _StreamedAnswer:
             if logprobs := choice.get("logprobs"):
                 self.logprobs += _logprob_entries(logprobs)
             self.finish_reason = finish_reason or self.finish_reason
+            self.native_finish_reason = choice.get("native_finish_reason") or self.native_finish_reason
 
     def _add_tool_call(self, fragment: dict[str, Any]) -> None:
         """Id, type and name come once; the arguments string arrives in pieces. A fragment with an id
@@ -386,7 +411,6 @@ class _StreamedAnswer:
             or "".join(self.reasoning_content)
             or _details_text(self.reasoning_details),
             "tool_calls": self.tool_calls,
-            "finish_reason": self.finish_reason,
             **_details_fields(self.reasoning_details),
         }
         if self.token_ids is not None:
@@ -418,23 +442,58 @@ def _details_fields(details: list[Any]) -> dict[str, Any]:
     return {"reasoning_details": details, **({"reasoning_encrypted": True} if encrypted else {})}
 
 
+_NO_ANSWER = {
+    Observed.CONTENT_FILTER: "the provider's content filter ended the answer",
+    Observed.ERROR_IN_200: "the answer's native finish reason is an error",
+    Observed.NO_OUTPUT: "the answer finished with nothing in it",
+    Observed.UNFINISHED: "the answer ended without any sign that it finished",
+}
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """How the reply said it ended: its finish reasons, whether it ended whole (`[DONE]`, or a whole
+    plain body), whether it was streamed, and whether any choice came at all (a stream of chunks with
+    empty `choices` is the streamed form of an HTTP 200 without choices)."""
+
+    finish_reason: Any
+    native_finish_reason: Any
+    whole: bool
+    streamed: bool
+    had_choice: bool
+
+
 def _record_fields(
     answer: dict[str, Any],
+    ending: _Ending,
     provider: str | None,
     generation_id: str | None,
     usage: dict[str, Any] | None,
     response: httpx.Response,
+    body: dict[str, Any],
 ) -> dict[str, Any]:
-    if answer["finish_reason"] is None:
-        raise _FailureContext(generation_id, provider, usage).failed(
-            "the answer ended without a finish_reason", "error_in_200"
-        )
+    """The journal's fields of a reply judged complete (`taxonomy.judge_finish`); else the failure."""
     usage = usage or {}
+    generation_id = generation_id or response.headers.get("x-generation-id")
+    finish = judge_finish(
+        ending.finish_reason,
+        ending.native_finish_reason,
+        ended_whole=ending.whole,
+        streamed=ending.streamed,
+        answer=answer,
+        completion_tokens=usage.get("completion_tokens"),
+        max_tokens=body.get("max_tokens"),
+    )
+    if not isinstance(finish, Finish):
+        context = _FailureContext(generation_id, provider, usage)
+        if not ending.had_choice:
+            raise context.failed("HTTP 200 with no choices", Observed.EMPTY_CHOICES)
+        raise context.failed(_NO_ANSWER[finish], finish)
     details = usage.get("completion_tokens_details") or {}
     return {
-        "response": answer,
+        "response": {**answer, "finish_reason": finish.reason, **finish.evidence()},
         "provider": provider,
-        "generation_id": generation_id or response.headers.get("x-generation-id"),
+        "generation_id": generation_id,
         "usage": {
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"),
@@ -449,65 +508,73 @@ def _http_failure(response: httpx.Response) -> RequestFailed:
         error = response.json().get("error")
     except (ValueError, AttributeError):
         error = None
-    code, _status, metadata = _error_fields(error if isinstance(error, dict) else {})
+    fields = _ErrorFields(error if isinstance(error, dict) else {})
     return RequestFailed(
-        response.status_code,
-        error_detail(response) + _limit_note(metadata) + _provider_note(metadata),
-        _retry_after_s(response),
-        code=code,
-        limit_source=_text(metadata.get("limit_source")),
-        provider_name=_text(metadata.get("provider_name")),
+        Observed.HTTP,
+        error_detail(response) + fields.note() + fields.provider_note(),
+        status=response.status_code,
+        **fields.metadata(),
+        wait=throttle_wait(response.headers, error),
+        content_type=response.headers.get("content-type"),
     )
 
 
-def _error_fields(error: dict[str, Any]) -> tuple[str | int | None, int | None, dict[str, Any]]:
-    """(code as sent, the HTTP status it names if any, metadata). `code` may be a number, a numeric
-    string ("402") or a name ("weight_exceeds_budget")."""
-    code = error.get("code")
-    if isinstance(code, bool):
-        code = None
-    status = code if isinstance(code, int) else None
+class _ErrorFields:
+    """OpenRouter's `error` object: `code` may be a number, a numeric string ("402") or a name
+    ("weight_exceeds_budget"); `metadata` may hold `limit_source`, `provider_name`, `raw`, `reason`."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        code = error.get("code")
+        self.code: str | int | None = None if isinstance(code, bool) else code
+        metadata = error.get("metadata")
+        self.meta: dict[str, Any] = metadata if isinstance(metadata, dict) else {}
+        availability = error.get("availability")
+        self.availability: dict[str, Any] = availability if isinstance(availability, dict) else {}
+        self.status = _status_of(self.code, error.get("http_status"), self.meta.get("error_type"),
+                                 error.get("error_type"))
+
+    def metadata(self) -> dict[str, Any]:
+        raw = self.meta.get("raw")
+        return {
+            "code": self.code,
+            "limit_source": _text(self.meta.get("limit_source")),
+            "provider_name": _text(self.meta.get("provider_name")),
+            "raw": one_line(raw if isinstance(raw, str) else json.dumps(raw)) if raw is not None else None,
+            "reason": (
+                _text(self.meta.get("reason")) or _text(self.availability.get("code")) or _text(self.code)
+            ),
+        }
+
+    def note(self) -> str:
+        """A budget limit's figures, so the stop line says which limit and how far it is from reset."""
+        meta = self.meta
+        parts = [f"{key} {meta[key]}" for key in ("limit_usd", "spend_usd", "resets_at") if meta.get(key)]
+        if not (meta.get("limit_source") and parts):
+            return ""
+        return f" ({meta['limit_source']}: {', '.join(parts)})"
+
+    def provider_note(self) -> str:
+        """A provider's own error text (`metadata.raw`), which says more than OpenRouter's wrapper line."""
+        name, raw = _text(self.meta.get("provider_name")), self.meta.get("raw")
+        if not name:
+            return ""
+        return f" [{name}: {one_line(str(raw))[:200]}]" if raw else f" [{name}]"
+
+
+def _status_of(code: Any, *typed: Any) -> int | None:
+    """The HTTP status an error stands for: a numeric `code` ("402" too), an `http_status`, else its type
+    (`error_type`, or a string code such as "server_error") by the taxonomy's TYPED_STATUS."""
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code
     if isinstance(code, str) and code.isdigit():
-        status = int(code)
-    metadata = error.get("metadata")
-    return code, status, metadata if isinstance(metadata, dict) else {}
-
-
-def _limit_note(metadata: dict[str, Any]) -> str:
-    """A budget limit's figures, so the stop line says which limit and how far it is from reset."""
-    parts = [f"{key} {metadata[key]}" for key in ("limit_usd", "spend_usd", "resets_at") if metadata.get(key)]
-    if not (metadata.get("limit_source") and parts):
-        return ""
-    return f" ({metadata['limit_source']}: {', '.join(parts)})"
-
-
-def _provider_note(metadata: dict[str, Any]) -> str:
-    """A provider's own error text (`metadata.raw`), which says more than OpenRouter's wrapper line."""
-    name, raw = _text(metadata.get("provider_name")), metadata.get("raw")
-    if not name:
-        return ""
-    return f" [{name}: {one_line(str(raw))[:200]}]" if raw else f" [{name}]"
+        return int(code)
+    for value in (*typed, code):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value in TYPED_STATUS:
+            return TYPED_STATUS[value]
+    return None
 
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
-
-
-def _retry_after_s(response: httpx.Response) -> float | None:
-    """Seconds from the Retry-After header (seconds or an HTTP date), else the body's
-    `error.availability.retry_after`."""
-    header = response.headers.get("retry-after")
-    if header:
-        try:
-            return max(0.0, float(header))
-        except ValueError:
-            try:
-                when = email.utils.parsedate_to_datetime(header)
-            except (TypeError, ValueError):
-                return None
-            return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
-    try:
-        seconds = response.json()["error"]["availability"]["retry_after"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return float(seconds) if isinstance(seconds, int | float) else None

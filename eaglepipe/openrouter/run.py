@@ -30,6 +30,7 @@ ADVICE = {
     "dollar_budget": "raise budget.usd, then rerun to resume",
     "no_usable_provider": "the summary's `breaker` says what each provider returned; fix routing, then rerun",
     "foreign_provider": "refresh providers.json (.venv/bin/snakemake --forcerun providers), then rerun",
+    "rate_limited": "rerun once the rate limit has reset (the time is above)",
 }
 
 
