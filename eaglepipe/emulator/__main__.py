@@ -309,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         in_flight_budget=args.in_flight_budget,
         api_key=api_key,
         faults=faults,
+        fault_seed=args.fault_seed,
         tokens_per_event=args.tokens_per_event,
         generation_delay_s=args.generation_delay_s,
         replies=replies,

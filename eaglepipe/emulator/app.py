@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from eaglepipe.emulator import shapes
 from eaglepipe.emulator.account import Account
 from eaglepipe.emulator.backend import (
     EngineError,
@@ -42,8 +43,8 @@ from eaglepipe.emulator.backend import (
 )
 from eaglepipe.emulator.chat_request import ChatRequest, parse_chat_request
 from eaglepipe.emulator.completion import Completion, logprobs_body
-from eaglepipe.emulator.errors import ApiError
-from eaglepipe.emulator.faults import NO_FAULT, FaultPlan, FaultRule
+from eaglepipe.emulator.errors import ApiError, EmulatorError
+from eaglepipe.emulator.faults import NO_FAULT, FaultPlan, FaultRule, fault_plan
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.routing import route, slug_matches
 from eaglepipe.target.kimi_chat import tool_history
@@ -79,18 +80,35 @@ class Traffic:
 
 @dataclass(eq=False)
 class _Answer:
-    """One request being generated; `fails_after` is where an injected midstream error cuts it."""
+    """One request being generated; `fails_after` is where an injected midstream error cuts it (with
+    `fails_with`'s error, else a generic 502)."""
 
     chat: ChatRequest
     completion: Completion
     generation: GenerationRequest
     tokens: AsyncIterator[GeneratedToken]
     fails_after: int | None = None
-    # The `cutoff` fault: the connection breaks after this many tokens, the provider runs the answer out.
+    fails_with: shapes.ErrorShape | None = None
+    # The `cutoff` fault: the connection breaks after this many tokens, the provider runs the answer out;
+    # with `cut_clean` (the `unfinished` shape) the body ends cleanly there instead.
     cut_after: int | None = None
+    cut_clean: bool = False
     # The `stall` fault: seconds of keep-alive comments before the first token.
     stall_s: float = 0.0
+    # How the stream ends after its finish chunk (`usage_after_finish`, `duplicate_finish`,
+    # `ended_after_finish`; None as OpenRouter does).
+    tail: str | None = None
     settled: bool = False
+
+
+class _MidstreamError(Exception):
+    """Ends a stream with an error chunk carrying `error` (with or without a choice)."""
+
+    def __init__(self, status: int, error: dict[str, Any], with_choices: bool = True) -> None:
+        super().__init__(error.get("message"))
+        self.status = status
+        self.error = error
+        self.with_choices = with_choices
 
 
 class _EventStream(StreamingResponse):
@@ -139,8 +157,30 @@ def _injected_failure() -> ApiError:
     return ApiError(502, "Provider returned an error mid-answer (emulator fault injection)", "upstream")
 
 
+def _shaped_error(shape: shapes.ErrorShape | None, completion: Completion) -> tuple[int, dict[str, Any]]:
+    """(status, error object) of an error inside an HTTP 200: the shape's, else the generic 502."""
+    if shape is None:
+        generic = _injected_failure()
+        return generic.status, generic.body()["error"]
+    return shape.status, shape.error(time.time(), completion.endpoint.answer_name)
+
+
+def _server_error(exc: Exception) -> dict[str, Any]:
+    error: dict[str, Any] = ApiError(500, str(exc), "server").body()["error"]
+    return error
+
+
+def _midstream_error(answer: _Answer) -> _MidstreamError:
+    with_choices = answer.fails_with is None or answer.fails_with.where != "chunk_no_choices"
+    return _MidstreamError(*_shaped_error(answer.fails_with, answer.completion), with_choices)
+
+
 def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+
+_TAILS = frozenset({"usage_after_finish", "duplicate_finish", "ended_after_finish"})
+_FINISH_STYLES = frozenset({"finish_unnormalised", "finish_native_only", "finish_missing", "content_filter"})
 
 
 class Emulator:
@@ -161,6 +201,7 @@ class Emulator:
         in_flight_budget: float | None = None,
         api_key: str | None = None,
         faults: FaultPlan | None = None,
+        fault_seed: int = 0,
         tokens_per_event: int = 1,
         generation_delay_s: float = 0.0,
         replies: ReplyShape | None = None,
@@ -173,6 +214,9 @@ class Emulator:
         self.model_id = model_id
         self.context_length = context_length
         self.faults = faults or FaultPlan()
+        self.faults_seed = fault_seed
+        # Closed rate-limit windows: scope ("account", or a provider's name) -> (opened at, until, shape).
+        self.windows: dict[str, tuple[float, float, shapes.ErrorShape]] = {}
         self.tokens_per_event = tokens_per_event
         self.account = Account(
             api_key=api_key,
@@ -248,7 +292,7 @@ class Emulator:
 
     def _account_fault(self, route: str) -> None:
         """A `status`/`burst` rule on an accounting route answers in place of the route."""
-        fault = self.faults.draw(time.monotonic() - self.started, route)
+        fault = self.faults.draw(route)
         if fault is not NO_FAULT:
             self.traffic.faults[f"{fault.kind}@{route}"] += 1
             raise fault.api_error()
@@ -309,6 +353,21 @@ class Emulator:
                 "largest_batch": engine.largest_batch,
             }
         )
+
+    async def set_faults(self, request: Request) -> Response:
+        """Replace the fault plan live: a body that is a list of rules, as a `--faults` file holds (its
+        clock and seed start again, and rate-limit windows it left closed open); 400 with the checker's
+        one line for a bad one."""
+        try:
+            entries = await request.json()
+        except ValueError:
+            entries = None
+        try:
+            self.faults = fault_plan(entries, self.faults_seed, "POST /emulator/faults")
+        except EmulatorError as exc:
+            return _error(ApiError(400, str(exc), "invalid_request"))
+        self.windows.clear()
+        return JSONResponse({"rules": len(self.faults.rules)})
 
     async def credit(self, request: Request) -> Response:
         """Change limits live, each `USD` or null for none: `{"limit"}` the credit (402 once spent),
@@ -384,7 +443,7 @@ class Emulator:
 
     def _fault_for(self, chat: ChatRequest, endpoint: Endpoint) -> tuple[FaultRule, Endpoint]:
         """This request's fault (NO_FAULT for none) and the endpoint that serves and bills it."""
-        fault = self.faults.draw(time.monotonic() - self.started)
+        fault = self.faults.draw("chat", endpoint.answer_name)
         if fault.kind == "wrong_provider":
             stray = self._stray_endpoint(endpoint, chat.provider)
             if stray is None:  # no live endpoint lies outside what the request allows
@@ -411,7 +470,17 @@ class Emulator:
 
     async def _respond(self, request: Request) -> Response:
         chat, endpoint, generation = await self._prepare(request)
+        closed = self._closed_window(endpoint)
+        if closed is not None:
+            return closed
         fault, endpoint = self._fault_for(chat, endpoint)
+        shape = shapes.ERRORS.get(fault.shape or "")
+        if shape is not None and (fault.kind == "burst" or shape.where == "http"):
+            if shape.window_s is not None:
+                scope = endpoint.answer_name if shape.window_scope == "provider" else "account"
+                now = time.time()
+                self.windows[scope] = (now, now + shape.window_s, shape)
+            return self._shape_error(shape, endpoint)
         if fault.kind in ("status", "burst"):
             raise fault.api_error()
         worst_case = (
@@ -436,6 +505,31 @@ class Emulator:
             self.account.release(reserved)
         return response
 
+    def _closed_window(self, endpoint: Endpoint) -> Response | None:
+        """The same 429 for every request a closed rate-limit window covers, with the reset it gave."""
+        now = time.time()
+        for scope in ("account", endpoint.answer_name):
+            opened, until, shape = self.windows.get(scope, (0.0, 0.0, None))
+            if shape is not None and now < until:
+                self.traffic.faults["closed_window"] += 1
+                return self._shape_error(shape, endpoint, opened)
+        return None
+
+    def _shape_error(
+        self, shape: shapes.ErrorShape, endpoint: Endpoint, now: float | None = None
+    ) -> Response:
+        """A taxonomy shape's HTTP error: its status, headers and body (a web page for an edge error);
+        `now` is when its window opened, for a window's later answers."""
+        self.traffic.errors[shape.status] += 1
+        now = time.time() if now is None else now
+        media = "text/html; charset=UTF-8" if shape.html is not None else "application/json"
+        return Response(
+            shape.body(now, endpoint.answer_name),
+            status_code=shape.status,
+            headers=shape.headers(now),
+            media_type=media,
+        )
+
     async def _answer(
         self, chat: ChatRequest, endpoint: Endpoint, generation: GenerationRequest, fault: FaultRule
     ) -> Response:
@@ -451,6 +545,9 @@ class Emulator:
         headers = {"X-Generation-Id": completion.id}
         completion.reports_usage = fault.kind != "no_usage"
         completion.reports_cost = fault.kind != "null_cost"
+        if fault.shape in _FINISH_STYLES:
+            completion.finish_style = fault.shape
+        in_200 = shapes.ERRORS.get(fault.shape or "")
         if fault.kind == "stall" and not chat.stream:
             await asyncio.sleep(fault.seconds)
         elif fault.kind == "reset":
@@ -459,35 +556,80 @@ class Emulator:
             return self._empty_answer(chat, completion, headers)
         elif fault.kind == "error_in_200" or (fault.kind == "midstream_error" and not chat.stream):
             return self._error_answer(chat, completion, headers)
+        elif in_200 is not None and (not chat.stream or in_200.where in ("body", "choice")):
+            return self._error_answer(chat, completion, headers, in_200)
+        elif fault.shape == "no_output":
+            return self._empty_answer(chat, completion, headers, with_choice=True)
+        elif fault.shape == "not_json":
+            return self._broken_json(chat, completion, headers)
         answer = _Answer(
             chat,
             completion,
             generation,
             self.engine.stream(generation),
-            fails_after=fault.after_tokens if fault.kind == "midstream_error" else None,
-            cut_after=fault.after_tokens if fault.kind == "cutoff" else None,
+            fails_after=fault.after_tokens if fault.kind == "midstream_error" or in_200 else None,
+            fails_with=in_200,
+            cut_after=fault.after_tokens if fault.kind == "cutoff" or fault.shape == "unfinished" else None,
+            cut_clean=fault.shape == "unfinished",
             stall_s=fault.seconds if fault.kind == "stall" else 0.0,
+            tail=fault.shape if fault.shape in _TAILS else None,
         )
         if chat.stream:
             return _EventStream(self._events(answer), partial(self._end_stream, answer), headers)
-        whole = await self._whole_answer(answer, headers)
+        if fault.shape == "unfinished":
+            completion.finish_style = "finish_missing"
+        whole = await self._whole_answer(answer, headers, empty=fault.shape == "unfinished")
         return _dropped_connection(False, headers) if fault.kind == "cutoff" else whole
 
-    def _empty_answer(self, chat: ChatRequest, completion: Completion, headers: dict[str, str]) -> Response:
-        """An HTTP 200 without choices, as OpenRouter sometimes sends; nothing is billed."""
+    def _empty_answer(
+        self, chat: ChatRequest, completion: Completion, headers: dict[str, str], *, with_choice: bool = False
+    ) -> Response:
+        """An HTTP 200 without choices, as OpenRouter sometimes sends, or (`with_choice`) one whose only
+        choice stopped at once with nothing in it; nothing is billed."""
+        completion.complete = with_choice
+        self.account.record(completion, None)
+        stopped = {"index": 0, "logprobs": None, "finish_reason": "stop", "native_finish_reason": "stop"}
         if chat.stream:
-            return _sse_answer([completion.usage_chunk()], headers)
-        body = {**completion.header("chat.completion"), "choices": [], "usage": completion.usage()}
+            head = completion.header("chat.completion.chunk")
+            chunk = {**head, "choices": [{**stopped, "delta": {"role": "assistant", "content": ""}}]}
+            return _sse_answer([*([chunk] if with_choice else []), completion.usage_chunk()], headers)
+        message = {"role": "assistant", "content": "", "refusal": None, "reasoning": None}
+        choices = [{**stopped, "message": message}]
+        body = {
+            **completion.header("chat.completion"),
+            "choices": choices if with_choice else [],
+            "usage": completion.usage(),
+        }
         return JSONResponse(body, headers=headers)
 
-    def _error_answer(self, chat: ChatRequest, completion: Completion, headers: dict[str, str]) -> Response:
-        """An HTTP 200 that carries a provider's error instead of an answer; nothing is billed."""
-        error = _injected_failure()
-        self.traffic.errors[error.status] += 1
-        completion.failed = True
+    def _broken_json(self, chat: ChatRequest, completion: Completion, headers: dict[str, str]) -> Response:
+        """An HTTP 200 whose body (or an event of it) is cut JSON; nothing is billed."""
+        head = json.dumps(completion.header("chat.completion.chunk"))[:-1] + ', "choices": [{"delta": {"cont'
         if chat.stream:
-            return _sse_answer([completion.error_chunk(error.body()["error"])], headers)
-        return JSONResponse(completion.error_body(error.body()["error"]), headers=headers)
+            text = f"{PROCESSING}data: {head}\n\n{DONE}"
+            return Response(text, media_type="text/event-stream", headers=headers)
+        return Response(head, media_type="application/json", headers=headers)
+
+    def _error_answer(
+        self,
+        chat: ChatRequest,
+        completion: Completion,
+        headers: dict[str, str],
+        shape: shapes.ErrorShape | None = None,
+    ) -> Response:
+        """An HTTP 200 that carries a provider's error instead of an answer (a generic 502, or a
+        taxonomy shape's error where it puts it); nothing is billed."""
+        status, error = _shaped_error(shape, completion)
+        self.traffic.errors[status] += 1
+        completion.failed = True
+        without_choices = shape is not None and shape.where in ("body", "chunk_no_choices")
+        if chat.stream:
+            chunk = completion.error_chunk(error, with_choices=not without_choices)
+            return _sse_answer([chunk], headers)
+        if without_choices:
+            assert shape is not None
+            return JSONResponse({"error": error, **shape.extra}, headers=headers)
+        return JSONResponse(completion.error_body(error), headers=headers)
 
     def _settle(self, answer: _Answer, *, client_left: bool = False) -> None:
         completion = answer.completion
@@ -511,13 +653,18 @@ class Emulator:
         self.account.record(completion, content)
         self.traffic.responses_completed += completion.complete
 
-    async def _whole_answer(self, answer: _Answer, headers: dict[str, str]) -> Response:
+    async def _whole_answer(
+        self, answer: _Answer, headers: dict[str, str], *, empty: bool = False
+    ) -> Response:
+        """The generated answer in one body (`empty`: billed, but the message left empty)."""
         completion = answer.completion
         try:
             async for token in answer.tokens:
                 completion.add(token)
             completion.complete = True
             message = self.replies.message(completion)  # before settling: it sets the finish reason's cause
+            if empty:
+                message = {"content": ""}
         except EngineError as exc:
             completion.failed = True
             raise ApiError(500, str(exc), "server") from None
@@ -575,27 +722,35 @@ class Emulator:
                     yield content(group)
                     group = []
                     if answer.fails_after is not None and len(completion.tokens) >= answer.fails_after:
-                        raise _injected_failure()
+                        raise _midstream_error(answer)
                     if answer.cut_after is not None and len(completion.tokens) >= answer.cut_after:
-                        raise InjectedReset("stream cut on purpose (emulator fault injection)")
-            if group:
-                yield content(group)
-            if answer.fails_after is not None:  # the answer ended before the planned failure
-                raise _injected_failure()
-            if answer.cut_after is not None:  # the answer ended before the planned cut: cut its end
+                        break
+            else:
+                if group:
+                    yield content(group)
+                if answer.fails_after is not None:  # the answer ended before the planned failure
+                    raise _midstream_error(answer)
+            if answer.cut_after is not None:  # cut here (or at its end, if it ended before the planned cut)
+                if answer.cut_clean:
+                    return  # the body ends cleanly; `on_close` lets the provider run the answer out
                 raise InjectedReset("stream cut on purpose (emulator fault injection)")
             completion.complete = True
             *rest, last = deltas.flush() or [{"content": ""}]
             for delta in rest:
                 yield event(completion.chunk(delta))
             yield event(completion.chunk(last, finish=True))
+            if answer.tail == "duplicate_finish":
+                yield event(completion.chunk({"content": ""}, finish=True))
+            if answer.tail == "ended_after_finish":
+                self._end_stream(answer)
+                return
             if completion.reports_usage:
-                yield _sse(completion.usage_chunk())
-        except (EngineError, ApiError) as exc:
-            error = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), "server")
+                yield _sse(completion.usage_chunk(with_choice=answer.tail == "usage_after_finish"))
+        except (EngineError, _MidstreamError) as exc:
+            failure = exc if isinstance(exc, _MidstreamError) else _MidstreamError(500, _server_error(exc))
             completion.failed = True
-            self.traffic.errors[error.status] += 1
-            yield _sse(completion.error_chunk(error.body()["error"]))
+            self.traffic.errors[failure.status] += 1
+            yield _sse(completion.error_chunk(failure.error, with_choices=failure.with_choices))
         self._end_stream(answer)  # before the last bytes, so `/generation` knows it once they arrive
         yield DONE
 
@@ -638,6 +793,7 @@ def build_app(emulator: Emulator) -> Starlette:
         Route("/api/v1/chat/completions", emulator.chat_completions, methods=["POST"]),
         Route("/api/v1/emulator/stats", emulator.stats),
         Route("/api/v1/emulator/credit", emulator.credit, methods=["POST"]),
+        Route("/api/v1/emulator/faults", emulator.set_faults, methods=["POST"]),
     ]
 
     @asynccontextmanager

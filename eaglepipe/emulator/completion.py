@@ -50,6 +50,8 @@ class Completion:
     reasoning_tokens: int = 0
     reports_usage: bool = True
     reports_cost: bool = True
+    # How the answer says it finished (a taxonomy quirk, shapes.QUIRKS): `said` as OpenAI names it.
+    finish_style: str = "said"
 
     def add(self, token: GeneratedToken) -> None:
         if self.first_token_s is None:
@@ -78,6 +80,19 @@ class Completion:
         if not self.stopped:
             return "length"
         return "tool_calls" if self.calls_tools else "stop"
+
+    def finish_fields(self, reason: str | None) -> dict[str, Any]:
+        """`finish_reason` and `native_finish_reason` as this answer's provider reports `reason`."""
+        if reason is None or reason == "error" or self.finish_style == "said":
+            return {"finish_reason": reason, "native_finish_reason": reason}
+        if self.finish_style == "content_filter":
+            return {"finish_reason": "content_filter", "native_finish_reason": "SAFETY"}
+        native = _NATIVE_FINISH.get(reason, reason)
+        if self.finish_style == "finish_unnormalised":
+            return {"finish_reason": native, "native_finish_reason": native}
+        if self.finish_style == "finish_native_only":
+            return {"finish_reason": None, "native_finish_reason": native}
+        return {"finish_reason": None, "native_finish_reason": None}  # finish_missing, unfinished
 
     @property
     def prompt_tokens(self) -> int:
@@ -137,8 +152,7 @@ class Completion:
         choice: dict[str, Any] = {
             "index": 0,
             "logprobs": logprobs,
-            "finish_reason": self.finish_reason,
-            "native_finish_reason": self.finish_reason,
+            **self.finish_fields(self.finish_reason),
             "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None, **message},
         }
         body = {**self.header("chat.completion"), "choices": [choice]}
@@ -159,20 +173,25 @@ class Completion:
     ) -> dict[str, Any]:
         """One streamed chunk carrying `delta` (content, reasoning, tool-call fragments); `finish` marks the
         last one."""
-        reason = self.finish_reason if finish else None
         choice: dict[str, Any] = {
             "index": 0,
             "delta": {"role": "assistant", **delta},
-            "finish_reason": reason,
-            "native_finish_reason": reason,
+            **self.finish_fields(self.finish_reason if finish else None),
             "logprobs": logprobs,
         }
         if token_ids is not None:
             choice["token_ids"] = token_ids
         return {**self.header("chat.completion.chunk"), "choices": [choice]}
 
-    def usage_chunk(self) -> dict[str, Any]:
-        return {**self.header("chat.completion.chunk"), "choices": [], "usage": self.usage()}
+    def usage_chunk(self, *, with_choice: bool = False) -> dict[str, Any]:
+        """The last chunk: usage and empty `choices`, or (`with_choice`) the one choice some providers
+        repeat there with `finish_reason: null`."""
+        choices = (
+            [{"index": 0, "delta": {"content": ""}, "finish_reason": None, "native_finish_reason": None}]
+            if with_choice
+            else []
+        )
+        return {**self.header("chat.completion.chunk"), "choices": choices, "usage": self.usage()}
 
     def error_body(self, error: dict[str, Any]) -> dict[str, Any]:
         """The HTTP 200 whose only choice failed, as OpenRouter sends when a provider errs."""
@@ -186,13 +205,11 @@ class Completion:
         }
         return {**self.header("chat.completion"), "choices": [choice], "usage": self.usage()}
 
-    def error_chunk(self, error: dict[str, Any]) -> dict[str, Any]:
-        """A failure inside a stream: a top-level `error` and `finish_reason: "error"`."""
-        return {
-            **self.header("chat.completion.chunk"),
-            "error": error,
-            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
-        }
+    def error_chunk(self, error: dict[str, Any], *, with_choices: bool = True) -> dict[str, Any]:
+        """A failure inside a stream: a top-level `error` and `finish_reason: "error"` (or, as some
+        providers send it, an empty `choices`)."""
+        choices = [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}] if with_choices else []
+        return {**self.header("chat.completion.chunk"), "error": error, "choices": choices}
 
     def generation_record(self) -> dict[str, Any]:
         """What `GET /generation?id=` answers, in its `data`."""
@@ -242,6 +259,10 @@ class Completion:
             "workspace_id": None,
             "service_tier": None,
         }
+
+
+# What providers call a finish in their own words (`native_finish_reason`).
+_NATIVE_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def logprobs_body(tokens: list[GeneratedToken], token_bytes: Callable[[int], bytes]) -> dict[str, Any]:
