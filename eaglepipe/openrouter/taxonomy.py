@@ -242,7 +242,9 @@ FAILURES: tuple[Shape, ...] = (
     Shape("empty_choices", "transient", _kind(Observed.EMPTY_CHOICES)),
     Shape("no_output", "transient", _kind(Observed.NO_OUTPUT)),
     Shape("not_json", "transient", _kind(Observed.NOT_JSON)),
-    Shape("unfinished", "transient", _kind(Observed.UNFINISHED)),
+    # A stream its provider ends cleanly before the answer does is billed in full and cannot be used:
+    # evidence, so a provider that does it again and again is dropped instead of bought from six times.
+    Shape("unfinished", "provider_unusable", _kind(Observed.UNFINISHED), strike="unusable"),
     Shape("network", "transient", _kind(Observed.NETWORK)),
     Shape("timeout", "transient", _kind(Observed.TIMEOUT)),
     Shape("foreign_provider", "provider_unusable", _kind(Observed.FOREIGN_PROVIDER)),
