@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from stage_settings import eval_settings, train_settings
 from test_hidden import extract, settings
+from vllm_runs import run_vllm, vllm_python
 
 from eaglepipe.drafter.evaluate import evaluate
 from eaglepipe.drafter.speculators import export_speculators
@@ -42,7 +42,6 @@ from eaglepipe.target.tokenizer import load_target_tokenizer
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 NUM_STEPS = 3
 MAX_NEW_TOKENS = 24
 PROMPTS = 12  # teacher conversations, from every set
@@ -50,12 +49,6 @@ PROMPTS = 12  # teacher conversations, from every set
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm())
-
-
-def vllm_python() -> Path:
-    if not VLLM_PYTHON.is_file():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env`, or deselect with -m 'not vllm'")
-    return VLLM_PYTHON
 
 
 @pytest.fixture(scope="module")
@@ -144,35 +137,6 @@ def test_vllm_hidden_states_equal_the_hf_backend_at_the_recorded_layers(
     assert min(control) > 0.1
 
 
-def run_vllm(target: Path, prompts: Path, out: Path, drafter: Path | None = None) -> tuple[dict, str]:
-    """tests/vllm_drafter.py under vLLM's interpreter: (its report, its log)."""
-    architecture = TargetArchitecture.from_dir(target)
-    command = [
-        str(vllm_python()),
-        str(REPO / "tests" / "vllm_drafter.py"),
-        "--target",
-        str(target),
-        "--prompts",
-        str(prompts),
-        "--out",
-        str(out),
-        "--max-tokens",
-        str(MAX_NEW_TOKENS),
-        "--num-speculative-tokens",
-        str(NUM_STEPS),
-    ]
-    if architecture.uses_mla:
-        command.append("--mla")
-    if architecture.text_only:
-        command.append("--language-model-only")
-    if drafter is not None:
-        command += ["--drafter", str(drafter)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "EAGLEPIPE_TEST_CPU_ATTN_BLOCK16": "1"}
-    run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(out.read_text()), run.stdout + run.stderr
-
-
 @pytest.fixture(scope="module", params=[DEEPSEEK_V3_TINY, KIMI_K25_TINY])
 def served(request, tiny_targets, continuations, tmp_path_factory) -> dict:
     name = request.param
@@ -192,9 +156,6 @@ def served(request, tiny_targets, continuations, tmp_path_factory) -> dict:
         prompts,
         eval_settings(num_steps=NUM_STEPS, num_draft_tokens=NUM_STEPS + 1, max_new_tokens=MAX_NEW_TOKENS),
     )
-    (work / "prompts.json").write_text(json.dumps(prompts))
-    plain, _ = run_vllm(target, work / "prompts.json", work / "plain.json")
-    speculative, log = run_vllm(target, work / "prompts.json", work / "speculative.json", drafter)
     speculators_dir = work / "speculators"
     export_speculators(
         drafter,
@@ -203,7 +164,16 @@ def served(request, tiny_targets, continuations, tmp_path_factory) -> dict:
         verifier_architectures=[TargetArchitecture.from_dir(target).architecture],
         num_speculative_tokens=NUM_STEPS,
     )
-    as_speculators, _ = run_vllm(target, work / "prompts.json", work / "speculators.json", speculators_dir)
+    runs = run_vllm(
+        target,
+        prompts,
+        work / "runs",
+        {"plain": None, "speculative": drafter, "speculators": speculators_dir},
+        max_tokens=MAX_NEW_TOKENS,
+        num_steps=NUM_STEPS,
+    )
+    (plain, _), (speculative, log) = runs["plain"], runs["speculative"]
+    as_speculators, _ = runs["speculators"]
     check = [str(vllm_python()), str(REPO / "tests" / "speculators_check.py"), str(speculators_dir)]
     run = subprocess.run([*check, str(work / "facts.json")], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]

@@ -9,14 +9,13 @@ layers and count, per prompt and per draft position, the same verify steps and a
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 from stage_settings import eval_settings, train_settings
 from tiny_run import PROMPTS, RESULTS_ROOT
+from vllm_runs import run_vllm
 
 from eaglepipe.drafter.evaluate import evaluate
 from eaglepipe.drafter.holdout import holdout_prompts
@@ -24,25 +23,8 @@ from eaglepipe.drafter.train import train_drafter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 NUM_STEPS = 3
 MAX_NEW_TOKENS = 16
-
-
-def run_vllm(model_dir: Path, prompts: Path, out: Path, drafter: Path | None = None) -> tuple[dict, str]:
-    """tests/vllm_drafter.py under vLLM's interpreter: (its report, its log)."""
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env`, or deselect with -m 'not vllm'")
-    command = [str(VLLM_PYTHON), str(REPO / "tests" / "vllm_drafter.py"), "--target", str(model_dir),
-               "--prompts", str(prompts), "--out", str(out), "--max-tokens", str(MAX_NEW_TOKENS),
-               "--num-speculative-tokens", str(NUM_STEPS)]
-    if drafter is not None:
-        command += ["--drafter", str(drafter)]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=420,
-                         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"})
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(out.read_text()), run.stdout + run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +44,9 @@ def served(tiny_pipeline: Path, model_dir: Path, tmp_path_factory) -> dict:
         prompts += [ids for _, _, ids in held_out]
     chain = eval_settings(num_steps=NUM_STEPS, num_draft_tokens=NUM_STEPS + 1, max_new_tokens=MAX_NEW_TOKENS)
     report = evaluate(drafter, model_dir, prompts, chain)
-    (work / "prompts.json").write_text(json.dumps(prompts))
-    plain, _ = run_vllm(model_dir, work / "prompts.json", work / "plain.json")
-    speculative, log = run_vllm(model_dir, work / "prompts.json", work / "speculative.json", drafter)
+    runs = run_vllm(model_dir, prompts, work / "runs", {"plain": None, "speculative": drafter},
+                    max_tokens=MAX_NEW_TOKENS, num_steps=NUM_STEPS)
+    (plain, _), (speculative, log) = runs["plain"], runs["speculative"]
     return {"eval": report, "plain": plain, "speculative": speculative, "log": log,
             "config": json.loads((drafter / "config.json").read_text())}
 
