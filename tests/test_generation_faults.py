@@ -435,7 +435,7 @@ def test_a_provider_past_its_strikes_is_dropped_from_routing(
     summary = run(scripted, ["chutes-400", "after-the-drop"], tmp_path, breaker_strikes=3, **ROUTED)
     assert summary.ended_because == "all_done" and summary.done == 1 and summary.failed_permanent == 1
     assert summary.breaker["dropped"] == {
-        "Chutes": "3 unusable of 3 returned (provider_refused x3)"
+        "Chutes": "3 unusable of 3 returned, 3 of its last 3 (provider_refused x3)"
     }
     assert [b["provider"]["only"] for b in scripted.bodies["chutes-400"]] == [["chutes/fp8", "fake"]] * 3
     (after,) = scripted.bodies["after-the-drop"]

@@ -3,12 +3,13 @@
 Only evidence counts, as the taxonomy's rows say (`taxonomy.Shape.strike`): a provider 400
 (`metadata.provider_name`), an HTTP 200 that is not an answer, and an answer the token stage's structural
 check refuses while the provider is on probation (its first `generation.probe_answers` answers) are each a
-strike. Once a provider's strikes reach `strikes` and make up at least `share` of everything it returned,
-it is dropped for the rest of the run: no new request is routed to it, and the summary says why.
+strike. Once a provider's strikes reach `strikes` and make up at least `share` of what it returned, it is
+dropped for the rest of the run: no new request is routed to it, and the summary says why. The share
+is over its last `RECENT` returns, so a provider that goes bad halfway is dropped within a few dozen.
 Throttling (429, 529, an in-flight budget) is never a strike: at 2000 in flight a busy provider answers
 dozens of 429s a second, and dropping it would stop a run that only had to slow down. A provider's own 5xx
 counts only when it keeps failing there alone: `SERVER_ERROR_FACTOR` times the strikes, at least half of
-what it returned, and another kept provider still in use (a 5xx burst of the only provider is retried, and
+its recent returns, and another kept provider still in use (a 5xx burst of the only provider is retried, and
 what stays unanswered is left for a rerun, not turned into a stop). Answers from a provider routing did
 not keep (a foreign display name: a routing leak, or a kept endpoint whose name drifted) are paid and
 discarded; past the same threshold the run stops, because retrying would only buy more discards.
@@ -17,7 +18,7 @@ discarded; past the same threshold the run stops, because retrying would only bu
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 
 SERVER_ERROR_FACTOR = 4
 SERVER_ERROR_SHARE = 0.5
+# The share of a provider's returns that are strikes is judged over its last RECENT returns, not the run's:
+# a provider that goes bad after 10,000 good answers is dropped after about `share` x RECENT bad ones, not
+# after `share` x 10,000.
+RECENT = 50
 
 
 @dataclass
@@ -41,20 +46,23 @@ class ProviderBreaker:
     share: float = 0.2
     answers: Counter[str] = field(default_factory=Counter)
     struck: Counter[str] = field(default_factory=Counter)
+    server_errors: Counter[str] = field(default_factory=Counter)
     reasons: dict[str, Counter[str]] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)  # provider -> why, in one line
     foreign: Counter[str] = field(default_factory=Counter)
-
-    server_errors: Counter[str] = field(default_factory=Counter)
+    # Each provider's last RECENT returns: "answer", "unusable" or "server_error".
+    recent: dict[str, deque[str]] = field(default_factory=dict)
 
     def answered(self, provider: str) -> None:
         self.answers[provider] += 1
+        self._returned(provider, "answer")
 
     def strike(self, provider: str, reason: str) -> bool:
         """Count one unusable answer or error; True when this one drops the provider."""
         self.struck[provider] += 1
         self.reasons.setdefault(provider, Counter())[reason] += 1
-        if provider in self.dropped or not self._tripped(self.struck[provider], self.answers[provider]):
+        share = self._returned(provider, "unusable")
+        if provider in self.dropped or self.struck[provider] < self.strikes or share < self.share:
             return False
         return self._drop(provider, self.struck[provider], "unusable")
 
@@ -62,29 +70,36 @@ class ProviderBreaker:
         """Count one 5xx the provider itself returned; True when this one drops it."""
         self.server_errors[provider] += 1
         self.reasons.setdefault(provider, Counter())[reason] += 1
-        failed, answered = self.server_errors[provider], self.answers[provider]
+        share = self._returned(provider, "server_error")
         if (
             provider in self.dropped
             or not others_in_use
-            or failed < SERVER_ERROR_FACTOR * self.strikes
-            or failed < SERVER_ERROR_SHARE * (failed + answered)
+            or self.server_errors[provider] < SERVER_ERROR_FACTOR * self.strikes
+            or share < SERVER_ERROR_SHARE
         ):
             return False
-        return self._drop(provider, failed, "server errors")
+        return self._drop(provider, self.server_errors[provider], "server errors")
+
+    def _returned(self, provider: str, what: str) -> float:
+        """Record one return; the share of `what` among the provider's recent returns."""
+        recent = self.recent.setdefault(provider, deque(maxlen=RECENT))
+        recent.append(what)
+        return recent.count(what) / len(recent)
 
     def _drop(self, provider: str, failed: int, what: str) -> bool:
+        recent = self.recent[provider]
         causes = ", ".join(f"{why} x{n}" for why, n in self.reasons[provider].most_common())
-        self.dropped[provider] = f"{failed} {what} of {failed + self.answers[provider]} returned ({causes})"
+        self.dropped[provider] = (
+            f"{failed} {what} of {failed + self.answers[provider]} returned, "
+            f"{recent.count(recent[-1])} of its last {len(recent)} ({causes})"
+        )
         return True
 
     def discarded(self, provider: str) -> bool:
         """Count one answer from a provider routing did not keep; True when the run should stop."""
         self.foreign[provider] += 1
-        total = sum(self.foreign.values())
-        return self._tripped(total, sum(self.answers.values()))
-
-    def _tripped(self, strikes: int, good: int) -> bool:
-        return strikes >= self.strikes and strikes >= self.share * (strikes + good)
+        total, good = sum(self.foreign.values()), sum(self.answers.values())
+        return total >= self.strikes and total >= self.share * (total + good)
 
     def report(self) -> dict[str, object]:
         return {
