@@ -250,6 +250,9 @@ class _Run:
         self.stop_reason: str | None = None
         self.progress = ProgressLine()
         self.started = time.monotonic()
+        # Why each of this job's failed requests failed (the taxonomy's class), by generation id: one cut
+        # off and billed later is booked under its cause.
+        self.cut_causes: dict[str, str] = {}
         self.todo_at_start = 0
 
     def resume(
@@ -478,6 +481,7 @@ async def _recover(run: _Run, *, at_end: bool) -> list[dict[str, Any]]:
             outcome=outcome,
             completion_tokens=generation["completion_tokens"] if generation else None,
             provider=generation["provider"] if generation else None,
+            cause=run.cut_causes.get(record["generation_id"]),
         )
         run.summary.recovered += generation is not None
     run.ledger.view.refresh()
@@ -655,8 +659,11 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
             return
         finally:  # from here on an unpriced request counts in the ledger's reserve, not the forecast
             run.admission.live_ids.difference_update(this_attempt)
+            attempt_ids = set(this_attempt)
             this_attempt.clear()
         await close_failed(ledger, prompt["id"], failure)
+        for generation_id in attempt_ids:  # a cut one is priced by `/generation` later, under this cause
+            run.cut_causes[generation_id] = failure.error_class
         shape = failure.shape
         run.count_error(failure)
         run.health.judge(failure)
@@ -696,8 +703,10 @@ def _wait_s(attempt: int, failure: RequestFailed, settings: GenerationSettings) 
         return failure.wait.seconds + jitter
     if failure.wait is not None:
         return min(failure.wait.seconds + jitter, settings.backoff_max_s)
-    exponential = settings.backoff_base_s * 2 ** (attempt - 1)
-    return min(random.uniform(exponential / 2, exponential), settings.backoff_max_s)
+    # Capped before the jitter: a retry every exactly backoff_max_s keeps landing in the same phase of a
+    # periodic limit (a per-minute window), so a prompt could meet the same closed window forever.
+    exponential = min(settings.backoff_base_s * 2 ** min(attempt - 1, 30), settings.backoff_max_s)
+    return random.uniform(exponential / 2, exponential)
 
 
 def _long_wait_message(failure: RequestFailed, wait_s: float, prompt_id: str) -> str:
