@@ -156,4 +156,5 @@ async def close_failed(ledger: RunLedger, prompt_id: str, failure: RequestFailed
             usd=failure.cost or 0.0,
             outcome="error",
             provider=failure.provider,
+            cause=failure.error_class,
         )

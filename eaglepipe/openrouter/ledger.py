@@ -6,7 +6,8 @@ jobs (flock per write). Lines:
   generation id, so if the job dies now the request can still be found and charged later (and its stored
   text journaled, when `/generation/content` has it and it was asked under the same fingerprint);
 - `{"event": "billed", "set", "prompt_id", "generation_id", "usd", "completion_tokens", "outcome",
-  "provider", "at"}` with outcome `kept` (in the journal), `discarded` (served outside the allowlist),
+  "provider", "at"}` (and `cause`, the failure taxonomy's class, for a failed request this job saw fail) with
+  outcome `kept` (in the journal), `discarded` (served outside the allowlist),
   `error` (a failure that carried a cost, or none: it closes its `started` line), `recovered` (in flight
   at a kill, cut off or without a cost, charged per `GET /generation`), `recovered_content` (the same,
   and its text from `/generation/content` journaled) or `not_found` (never found there: assumed unbilled).
@@ -149,10 +150,12 @@ class RunLedger:
         completion_tokens: int | None = None,
         provider: str | None = None,
         journaled: bool = False,
+        cause: str | None = None,
     ) -> None:
         """`journaled`: the answer's journal record, which holds its generation id and cost, is on disk
         already, so the line is written behind without waiting (a start after a kill bills journaled
-        answers the ledger lacks); until it is written the request stays unresolved, held at worst case."""
+        answers the ledger lacks); until it is written the request stays unresolved, held at worst case.
+        `cause`: why a request that was not kept failed (the failure taxonomy's class), when known."""
         self.outcomes[outcome] += 1
         self.usd_billed += usd
         line = {
@@ -166,6 +169,8 @@ class RunLedger:
             "provider": provider,
             "at": round(time.time(), 3),
         }
+        if cause is not None:
+            line["cause"] = cause
         if journaled:
             self._log.append_behind(line)
         else:
