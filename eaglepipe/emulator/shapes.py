@@ -366,6 +366,7 @@ QUIRKS = {
 # Names kept by an older generic fault kind of `faults.py`, with the keys it needs.
 ALIASES: dict[str, dict[str, Any]] = {
     "network": {"fault": "reset"},
+    "network_midstream": {"fault": "cutoff", "after_tokens": 8},
     "keepalive_comments": {"fault": "stall", "seconds": 0.6},
     "timeout": {"fault": "stall", "seconds": 30.0},
     "foreign_provider": {"fault": "wrong_provider"},
