@@ -125,7 +125,13 @@ class Tally:
 
 
 async def bill(
-    ledger: RunLedger, prompt_id: str, reply: dict[str, Any], *, outcome: str, journaled: bool = False
+    ledger: RunLedger,
+    prompt_id: str,
+    reply: dict[str, Any],
+    *,
+    outcome: str,
+    journaled: bool = False,
+    cause: str | None = None,
 ) -> None:
     """Book an answer at its reported cost (`journaled`: see `RunLedger.billed`). One without a cost (a
     stream that ended without its usage chunk, `cost: null`) is not booked at $0: it stays unresolved,
@@ -142,6 +148,7 @@ async def bill(
         completion_tokens=usage.get("completion_tokens"),
         provider=reply.get("provider"),
         journaled=journaled,
+        cause=cause,
     )
 
 

@@ -624,7 +624,7 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
                 else:
                     reply = await read_reply(route, body, on_started=started)
             if allowed and str(reply.get("provider") or "").lower() not in allowed:
-                await bill(ledger, prompt["id"], reply, outcome="discarded")
+                await bill(ledger, prompt["id"], reply, outcome="discarded", cause="foreign_provider")
                 raise RequestFailed(
                     Observed.FOREIGN_PROVIDER,
                     f"served by {reply.get('provider')!r}, outside the allowlist: discarded",
