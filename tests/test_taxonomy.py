@@ -320,3 +320,19 @@ def test_the_docs_count_of_rows_by_source_is_the_tables() -> None:
         "cite only": len(reported),
         "are guesses": len(guesses),
     }
+
+
+def test_a_prompt_that_failed_for_good_is_not_asked_again_unless_told(emulator: str, tmp_path: Path) -> None:
+    """A content filter bills each time: a rerun skips what an earlier run recorded as failed for good
+    (.journal/failed.jsonl), and asks it again only with generation.retry_failed."""
+    set_faults(emulator, [{"fault": "content_filter", "times": 1}])
+    first = generate(emulator, tmp_path, count=3, concurrency=1)
+    assert (first.done, first.failed_permanent) == (2, 1)
+    before = stats(emulator)
+    again = generate(emulator, tmp_path, count=3, concurrency=1)
+    assert (again.resumed, again.failed_permanent, again.done) == (2, 1, 2)
+    assert stats(emulator)["requests_received"] == before["requests_received"]
+    assert "earlier run's" in again.failures[0]["error"]
+    asked = generate(emulator, tmp_path, count=3, concurrency=1, retry_failed=True)
+    assert (asked.done, asked.failed_permanent) == (3, 0)
+    assert stats(emulator)["requests_received"] == before["requests_received"] + 1

@@ -39,9 +39,13 @@ class Tally:
         self.provider_stats: dict[str, ProviderStats] = {}
 
     def resume(
-        self, prompts: list[dict[str, Any]], reusable: dict[str, dict[str, Any]]
+        self,
+        prompts: list[dict[str, Any]],
+        reusable: dict[str, dict[str, Any]],
+        failed: dict[str, dict[str, Any]],
     ) -> list[dict[str, Any]]:
-        """Counts the prompts answered already (`reusable`, by prompt id); returns the rest, to send."""
+        """Counts the prompts answered already (`reusable`, by prompt id) and those an earlier run recorded
+        as failed for good (`failed`); returns the rest, to send."""
         todo, seen = [], set()
         for prompt in prompts:
             if prompt["id"] in seen:
@@ -51,6 +55,19 @@ class Tally:
             seen.add(prompt["id"])
             if prompt["id"] in reusable:
                 self.count_done(reusable[prompt["id"]], resumed=True)
+            elif prompt["id"] in failed:
+                earlier = failed[prompt["id"]]
+                self.summary.failed_permanent += 1
+                error = f"{earlier.get('error')} (an earlier run's; generation.retry_failed asks again)"
+                self.summary.failures.append(
+                    {
+                        "prompt_id": prompt["id"],
+                        "status": earlier.get("status"),
+                        "error": error,
+                        "attempts": 0,
+                        "permanent": True,
+                    }
+                )
             else:
                 todo.append(prompt)
         return todo

@@ -41,7 +41,7 @@ from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
 from eaglepipe.openrouter.budget import REFIT_EVERY_S
 from eaglepipe.openrouter.console import ProgressLine, provider_table
 from eaglepipe.openrouter.errors import one_line
-from eaglepipe.openrouter.journal import open_journal, read_records, reusable
+from eaglepipe.openrouter.journal import failed_for_good, open_failures, open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, RunLedger
 from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
@@ -163,13 +163,15 @@ async def generate_set(
         for route in routes:
             await stack.enter_async_context(route.http)
         journal = await stack.enter_async_context(open_journal(journal_dir))
+        run.failed_log = await stack.enter_async_context(open_failures(journal_dir))
         ledger = await stack.enter_async_context(RunLedger(ledger_dir, dataset))
         http = routes[0].http  # also for /key and /generation
         run.ledger, run.http, run.journal = ledger, http, journal
         # Settled before the prompts are counted: an answer an earlier run lost, journaled now from
         # `/generation/content`, is resumed rather than bought again.
         recovered = await _settle_earlier_runs(run, journaled)
-        todo = run.resume(prompts, {**earlier, **reusable(recovered, settings.fingerprint)})
+        failed = {} if settings.retry_failed else failed_for_good(journal_dir, settings.fingerprint)
+        todo = run.resume(prompts, {**earlier, **reusable(recovered, settings.fingerprint)}, failed)
         log.info(
             "%s: generating %d of %d prompts (%d resumed), fingerprint %s, concurrency %d, %s",
             dataset,
@@ -225,6 +227,7 @@ class _Run:
         self.ledger: RunLedger | None = None
         self.http: httpx.AsyncClient | None = None
         self.journal: AppendLog | None = None
+        self.failed_log: AppendLog | None = None
         self.prompts: dict[str, dict[str, Any]] = {}
         self.admission = Admission(
             dataset=dataset,
@@ -256,9 +259,12 @@ class _Run:
         self.todo_at_start = 0
 
     def resume(
-        self, prompts: list[dict[str, Any]], reusable: dict[str, dict[str, Any]]
+        self,
+        prompts: list[dict[str, Any]],
+        reusable: dict[str, dict[str, Any]],
+        failed: dict[str, dict[str, Any]],
     ) -> list[dict[str, Any]]:
-        todo = self.tally.resume(prompts, reusable)
+        todo = self.tally.resume(prompts, reusable, failed)
         self.todo_at_start = len(todo)
         self.notify()
         return todo
@@ -682,6 +688,16 @@ async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: Ap
             failed_attempts += 1
         if shape.verdict == "prompt_permanent" or (shape.attempts and failed_attempts >= shape.attempts):
             run.tally.count_failure(prompt["id"], failure, attempt, permanent=True)
+            assert run.failed_log is not None
+            await run.failed_log.append(  # durable: a rerun skips it unless generation.retry_failed
+                {
+                    "prompt_id": prompt["id"],
+                    "fingerprint": settings.fingerprint,
+                    "class": failure.error_class,
+                    "status": failure.status,
+                    "error": failure.detail,
+                }
+            )
             return
         if failed_attempts >= settings.max_attempts or throttled >= MAX_THROTTLED_RETRIES:
             run.tally.count_failure(prompt["id"], failure, attempt, permanent=False)

@@ -1,7 +1,9 @@
 """Finished prompts of one set, one JSON line each, so a killed or failed run resumes without paying twice.
 
 The journal is append-only: records of other fingerprints stay on disk (they were paid for) but are
-never reused. A record is on disk (fsynced) before its prompt counts as done.
+never reused. A record is on disk (fsynced) before its prompt counts as done. Beside it, `failed.jsonl`
+holds the prompts that failed for good (the failure taxonomy's `prompt_permanent` rows), so a rerun does
+not ask them again (a content filter bills each time) unless `generation.retry_failed` says so.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from eaglepipe.io import atomic_write
 from eaglepipe.openrouter.appendlog import AppendLog, read_lines, read_new_lines
 
 RECORDS_FILE = "records.jsonl"
+FAILED_FILE = "failed.jsonl"
 # What the spend plan needs of a journal, kept beside it: see `tally_done`.
 TALLY_FILE = "tally.json"
 TALLY_VERSION = 1
@@ -38,6 +41,16 @@ def reusable(records: list[dict[str, Any]], fingerprint: str) -> dict[str, dict[
 def open_journal(journal_dir: Path) -> AppendLog:
     """The append side of one set's journal; only that set's generation job writes it."""
     return AppendLog(Path(journal_dir) / RECORDS_FILE)
+
+
+def open_failures(journal_dir: Path) -> AppendLog:
+    """The append side of the set's permanent failures: `{prompt_id, fingerprint, class, status, error}`."""
+    return AppendLog(Path(journal_dir) / FAILED_FILE)
+
+
+def failed_for_good(journal_dir: Path, fingerprint: str) -> dict[str, dict[str, Any]]:
+    """The prompts earlier runs recorded as failed for good under `fingerprint`, by prompt id."""
+    return reusable(read_lines(Path(journal_dir) / FAILED_FILE), fingerprint)
 
 
 def tally_done(journal_dir: Path, fingerprint: str) -> dict[str, dict[str, Any]]:

@@ -19,6 +19,7 @@ from eaglepipe.openrouter.routing import dearest_price
 OPERATIONAL_KEYS = (
     "concurrency",
     "max_attempts",
+    "retry_failed",
     "request_timeout_s",
     "stream",
     "probe_answers",
@@ -86,6 +87,8 @@ class GenerationSettings:
     reasoning: dict[str, Any] | None
     concurrency: int
     max_attempts: int
+    # Ask again the prompts an earlier run recorded as failed for good (journal.py: failed.jsonl).
+    retry_failed: bool
     request_timeout_s: float
     output_token_budget: int | None
     usd_budget: float | None
@@ -159,6 +162,7 @@ class GenerationSettings:
             reasoning=generation["reasoning"],
             concurrency=generation["concurrency"],
             max_attempts=generation["max_attempts"],
+            retry_failed=generation["retry_failed"],
             request_timeout_s=generation["request_timeout_s"],
             output_token_budget=output_token_budget,
             usd_budget=usd_budget,
