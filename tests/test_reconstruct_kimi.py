@@ -34,7 +34,8 @@ from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
 from eaglepipe.tokens.pieces import Edit, Piece
 from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, pad_signature
 from eaglepipe.tokens.reply import parse_reply
-from eaglepipe.tokens.validate import structure_problem
+from eaglepipe.tokens.round_trip import only_split_differs
+from eaglepipe.tokens.validate import marker_text, structure_problem
 
 CORPUS_SIZE = 400
 
@@ -110,9 +111,10 @@ def test_hazard_free_samples_get_their_true_ids_under_every_switch(runs):
             assert sample.method is not Method.REBUILT_OFF_BY_K and sample.problem is None
 
 
-def test_a_token_split_against_bpe_is_caught_by_the_count(runs):
-    """One token split in two makes the canonical rebuild one shorter than the bill: off by one, never
-    count-matched (stopped answers with content, where no structure is in doubt)."""
+def test_a_token_split_against_bpe_is_caught_by_the_count(runs, kimi):
+    """One token split in two makes the canonical rebuild one shorter than the bill: never count-matched;
+    where nothing else in the answer is in doubt (stopped answers with content and no tool call), it is
+    labelled segmentation-only, and its canonical ids are the model's own text."""
     exact_text = next(r for r in runs if r.switch.name == "exact" and not r.informed)
     split = [
         (s, t)
@@ -120,8 +122,39 @@ def test_a_token_split_against_bpe_is_caught_by_the_count(runs):
         if t.hazards == {"noncanonical_longer"} and t.stopped and s.flags & Flag.STRUCTURE == 0
     ]
     assert split
-    for sample, _ in split:
-        assert sample.method is Method.REBUILT_OFF_BY_K and sample.billed_diff == -1
+    for sample, truth in split:
+        assert sample.billed_diff == -1
+        assert sample.method in (Method.REBUILT_OFF_BY_K, Method.REBUILT_SEGMENTATION_ONLY)
+        assert only_split_differs(kimi.chat_format(), sample.completion_ids, truth.ids)
+    chat = kimi.chat_format()
+    specials = set(chat.special_ids)
+
+    def plain(sample) -> bool:
+        """No tool call, and no special token's text written into the answer (an engine may drop those)."""
+        text = chat.tokenizer.decode([i for i in sample.completion_ids if i not in specials])
+        return chat.layout.section_begin not in sample.completion_ids and not marker_text(chat).search(text)
+
+    labelled = [s for s, _ in split if plain(s)]
+    assert labelled and all(s.method is Method.REBUILT_SEGMENTATION_ONLY for s in labelled)
+
+
+def test_every_answer_labelled_segmentation_only_differs_from_its_truth_only_in_its_split(runs, kimi):
+    """The label's promise, checked against the true ids under every engine, blind and informed: same
+    special ids in the same order, same text between them. The one exception is the documented blind spot:
+    an engine that strips the content's ends (an older SGLang), not named in the config, leaves nothing in
+    the text to see; the answers it mislabels are exactly those whose content had whitespace at an end."""
+    chat = kimi.chat_format()
+    labelled = 0
+    for run in runs:
+        for sample, truth in zip(run.rebuilt.samples, run.truth, strict=True):
+            if sample.method is not Method.REBUILT_SEGMENTATION_ONLY:
+                continue
+            labelled += 1
+            if only_split_differs(chat, sample.completion_ids, truth.ids):
+                continue
+            blind_spot = (run.switch.name, run.informed) == ("sglang_stripping", False)
+            assert blind_spot and "content_edge_whitespace" in truth.hazards, (run.switch.name, truth.hazards)
+    assert labelled > CORPUS_SIZE // 4
 
 
 def test_engines_are_recognised_from_their_text_and_bills(runs):

@@ -90,15 +90,37 @@ def test_rows_masks_and_methods(tmp_path, model_dir, greedy):
     assert [bool(f & Flag.TRUNCATED) for f in tensors["flags"].tolist()] == truncated
 
 
-def test_count_mismatch_is_dropped_or_kept(tmp_path, model_dir, greedy):
+def test_a_count_miss_only_the_split_can_explain_is_kept(tmp_path, model_dir, greedy):
+    """One text then the stop: nothing in the answer's structure has another reading, so a bill two over
+    the canonical rebuild can only mean the model split its text otherwise (segmentation only): trained on
+    by default, with its yield, and dropped when the config says so."""
     tokenizer, answers = greedy
     records = [record("p-greet", tokenizer, answers, with_ids=False, billed_delta=2),
                record("p-math", tokenizer, answers)]
+    kept = run(tmp_path, model_dir, records)
+    assert kept["prompt_ids"] == ["p-greet", "p-math"]
+    assert kept["counts"]["by_method"] == {"rebuilt_segmentation_only": 1, "server_ids": 1}
+    assert kept["billed"]["rebuilt_minus_billed_histogram"] == {"-2": 1, "0": 1}
+    greet = records[0]["usage"]["completion_tokens"]
+    assert kept["yield"]["trained_tokens"] == kept["yield"]["bought_tokens"]
+    assert kept["yield"]["trained_tokens_by_method"]["rebuilt_segmentation_only"] == greet
+    dropped = run(tmp_path, model_dir, records, on_segmentation="drop")
+    assert dropped["prompt_ids"] == ["p-math"] and dropped["counts"]["dropped"] == {"segmentation_only": 1}
+    assert dropped["yield"]["dropped"] == {"segmentation_only": {"answers": 1, "tokens": greet, "usd": 0.0}}
+    assert dropped["yield"]["trained_share"] == pytest.approx(1 - greet / dropped["yield"]["bought_tokens"], abs=1e-6)
+
+
+def test_a_count_miss_with_structure_in_doubt_is_dropped_or_kept(tmp_path, model_dir, greedy):
+    """A special token's text inside the answer (an engine may have dropped the special id it stood for)
+    puts its structure in doubt: a count miss is then off by k, dropped unless the config keeps it."""
+    tokenizer, answers = greedy
+    marked = record("p-greet", tokenizer, answers, with_ids=False, billed_delta=2)
+    marked["response"]["content"] += " <|im_start|>"
+    marked["usage"]["completion_tokens"] += len(tokenizer.encode(" <|im_start|>", add_special_tokens=False))
+    records = [marked, record("p-math", tokenizer, answers)]
     dropped = run(tmp_path, model_dir, records)
     assert dropped["prompt_ids"] == ["p-math"]
     assert dropped["counts"]["dropped"] == {"completion_count_mismatch": 1}
-    assert dropped["billed"]["rebuilt_minus_billed_histogram"] == {"-2": 1, "0": 1}
-    assert dropped["billed"]["relative_difference"] < 0
     assert dropped["counts"]["by_method"] == {"rebuilt_off_by_k": 1, "server_ids": 1}
     kept = run(tmp_path, model_dir, records, on_mismatch="keep")
     assert kept["prompt_ids"] == ["p-greet", "p-math"]
@@ -148,9 +170,12 @@ def test_the_round_trip_gate_finds_ids_the_text_alone_does_not_give(tmp_path, mo
     assert {k: gate[k] for k in ("samples", "exact", "count_matched", "off")} == {
         "samples": 2, "exact": 1, "count_matched": 0, "off": 1}
     assert gate["misses"] == [{
-        "prompt_id": "p-greet", "provider": "unknown", "kind": "off", "first_difference": position,
-        "server_length": len(completion) + 1 + stopped, "rebuilt_length": len(completion) + stopped,
-        "rebuilt_method": "rebuilt_off_by_k"}]
+        "prompt_id": "p-greet", "provider": "unknown", "kind": "off", "truth": "segmentation",
+        "first_difference": position, "server_length": len(completion) + 1 + stopped,
+        "rebuilt_length": len(completion) + stopped, "rebuilt_method": "rebuilt_segmentation_only"}]
+    # The split alone differs, and the text-only rebuild said so: its label's precision is measured here.
+    assert gate["segmentation_only"] == {
+        "labelled": 1, "truly_segmentation": 1, "precision": 1.0, "truly_segmentation_misses": 1, "recall": 1.0}
     end = tensors["offsets"].tolist()[1]
     trained = tensors["input_ids"][tensors["prompt_len"].tolist()[0]:end].tolist()
     assert trained[: len(split["response"]["token_ids"])] == split["response"]["token_ids"]  # the server's

@@ -11,6 +11,7 @@ FIGURES = (
     "generation_spend",
     "tokens_id_methods",
     "tokens_billed_difference",
+    "tokens_yield",
     "hidden_states",
     "drafter_training",
     "drafter_acceptance",

@@ -34,6 +34,7 @@ ID_SHARES = {
     "exact": "exact (server ids)",
     "rebuilt_count_matched": "rebuilt, count matches bill",
     "rebuilt_ambiguous": "rebuilt, ambiguous",
+    "rebuilt_segmentation_only": "rebuilt, only the split differs",
     "rebuilt_off_by_k": "rebuilt, off by k tokens",
 }
 
@@ -139,6 +140,49 @@ def token_id_methods(run: RunOutputs) -> Figure:
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
     ax.set_title("How the completion token ids were obtained")
+    return fig
+
+
+def training_yield(run: RunOutputs) -> Figure:
+    """From dollars to trained tokens: what the run was billed (every request in the ledger, failures
+    included), what its kept answers cost, and what of them the token stage trained on; beside it, per set,
+    the output tokens bought and trained on, the rest named by cause."""
+    fig, (money, tokens) = plt.subplots(1, 2, figsize=(11, 0.5 * len(run.sets) + 2.6))
+    yields = {item.name: (item.tokens or {}).get("yield") or {} for item in run.sets}
+    billed = sum(line.get("usd") or 0.0 for line in run.ledger)
+    kept = sum(y.get("bought_usd") or 0.0 for y in yields.values())
+    trained = sum(y.get("trained_usd") or 0.0 for y in yields.values())
+    if not any(yields.values()):
+        _empty(money, "no set tokenized yet")
+        _empty(tokens, "no set tokenized yet")
+        return fig
+    steps = ["billed (ledger)", "kept answers", "trained on"]
+    values = [billed, kept, trained]
+    money.barh(steps, values, color=["tab:gray", "tab:blue", "tab:green"])
+    for y, value in enumerate(values):
+        share = f" ({100 * value / values[0]:.1f}%)" if values[0] else ""
+        money.text(value, y, f" ${value:,.4f}{share}", va="center", fontsize=8)
+    money.invert_yaxis()
+    money.set_xlim(0, max(values) * 1.45 or 1)
+    money.set_xlabel("dollars")
+    money.set_title("Dollars to training (the run)")
+    names = list(yields)
+    bought = [yields[name].get("bought_tokens") or 0 for name in names]
+    used = [yields[name].get("trained_tokens") or 0 for name in names]
+    tokens.barh(names, bought, color="tab:gray", label="bought output tokens")
+    tokens.barh(names, used, color="tab:green", label="trained on")
+    for y, name in enumerate(names):
+        causes = ", ".join(
+            f"{cause} {figures['tokens']:,}" for cause, figures in (yields[name].get("dropped") or {}).items()
+        )
+        share = f"{100 * used[y] / bought[y]:.1f}%" if bought[y] else "-"
+        label = f" {share}" + (f" (not: {causes})" if causes else "")
+        tokens.text(bought[y], y, label, va="center", fontsize=7)
+    tokens.invert_yaxis()
+    tokens.set_xlim(0, max(bought) * 1.6 or 1)
+    tokens.set_xlabel("output tokens")
+    tokens.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    tokens.set_title("Output tokens to training, per set")
     return fig
 
 
@@ -262,6 +306,7 @@ def figure_makers(max_tokens: int, budget_usd: float) -> dict[str, Callable[[Run
         "generation_spend": lambda run: spend_over_time(run, budget_usd),
         "tokens_id_methods": token_id_methods,
         "tokens_billed_difference": billed_difference,
+        "tokens_yield": training_yield,
         "hidden_states": hidden_states,
         "drafter_training": training,
         "drafter_acceptance": acceptance,

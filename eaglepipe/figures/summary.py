@@ -33,9 +33,44 @@ def _set_row(item: Any) -> list[str]:
         f"${summary['dollars']:.4f}" if "dollars" in summary else DASH,
         _share(shares.get("exact")) if tokens else DASH,
         _share(shares.get("billed_count_matched")) if tokens else DASH,
+        _share((tokens.get("yield") or {}).get("trained_share")) if tokens else DASH,
         f"{hidden['num_tokens']:,}" if "num_tokens" in hidden else DASH,
         _round_trip(tokens.get("round_trip") or {}),
     ]
+
+
+def _total_row(sets: list[Any]) -> list[str]:
+    """The run's totals: answers, output tokens and dollars summed, the share trained on over all sets."""
+    summaries = [item.summary for item in sets if item.summary]
+    yields = [(item.tokens or {}).get("yield") or {} for item in sets]
+    bought = sum(y.get("bought_tokens") or 0 for y in yields)
+    trained = sum(y.get("trained_tokens") or 0 for y in yields)
+    hidden = [item for item in sets if (item.hidden or {}).get("num_tokens") is not None]
+    return [
+        "total",
+        str(sum(s.get("done", 0) for s in summaries)) if summaries else DASH,
+        f"{sum(s.get('completion_tokens', 0) for s in summaries):,}" if summaries else DASH,
+        f"${sum(s.get('dollars', 0.0) for s in summaries):.4f}" if summaries else DASH,
+        DASH,
+        DASH,
+        _share(trained / bought) if bought else DASH,
+        f"{sum(item.hidden['num_tokens'] for item in hidden):,}" if hidden else DASH,
+        DASH,
+    ]
+
+
+def _dropped_line(sets: list[Any]) -> str | None:
+    """Where the bought output tokens that were not trained on went, by cause, with their dollars."""
+    causes: dict[str, list[float]] = {}
+    for item in sets:
+        for cause, figures in (((item.tokens or {}).get("yield") or {}).get("dropped") or {}).items():
+            total = causes.setdefault(cause, [0, 0.0])
+            total[0] += figures["tokens"]
+            total[1] += figures["usd"]
+    if not causes:
+        return None
+    parts = [f"{cause} {tokens:,.0f} tokens (${usd:.4f})" for cause, (tokens, usd) in sorted(causes.items())]
+    return "not trained on: " + ", ".join(parts)
 
 
 def _round_trip(gate: dict[str, Any]) -> str:
@@ -57,17 +92,22 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def run_table(run: RunOutputs, *, emulated: bool = False) -> str:
-    """Per set: answers, output tokens, dollars, exact / count-matched share, hidden-state tokens, the
-    round-trip gate (where the server returned ids); then the drafter's acceptance length next to prompt
-    lookup and the untrained drafter."""
-    header = ["set", "answers", "output tokens", "dollars", "exact ids", "count-matched", "hidden tokens",
-              "round trip"]
+    """Per set and in total: answers, output tokens, dollars, exact / count-matched share, the share of
+    bought output tokens trained on, hidden-state tokens, the round-trip gate (where the server returned
+    ids); what was not trained on, by cause; then the drafter's acceptance length next to prompt lookup and
+    the untrained drafter."""
+    header = ["set", "answers", "output tokens", "dollars", "exact ids", "count-matched", "to training",
+              "hidden tokens", "round trip"]
     lines = ["eaglepipe: end of run" + (" (emulated: no real request, no real dollar)" if emulated else "")]
-    lines += _table(header, [_set_row(item) for item in run.sets])
+    rows = [_set_row(item) for item in run.sets]
+    lines += _table(header, [*rows, _total_row(run.sets)] if len(rows) > 1 else rows)
     lines.append(
         "exact ids: token ids the server returned; count-matched: ids whose count equals the billed "
-        "completion tokens"
+        "completion tokens; to training: the share of bought output tokens the token stage kept"
     )
+    dropped = _dropped_line(run.sets)
+    if dropped:
+        lines.append(dropped)
     lines.append("round trip: the server's ids rebuilt from the text alone (exact, same length, off)")
     evaluation = run.eval or {}
     methods = evaluation.get("methods", {})

@@ -94,6 +94,7 @@ def spend_plan(
     train_tokens = _sum_known(item.hidden_tokens for item in covered)
     bought_output = [item for item in covered if item.status == "generate" and item.source == "openrouter"]
     output_tokens = _sum_known(item.bought_output_tokens for item in bought_output)
+    measured_yield, yield_sets = training_yield(layout, config["datasets"])
     return SpendPlan(
         results=layout.results,
         sets=covered,
@@ -112,7 +113,26 @@ def spend_plan(
         share_usd=dollars.set_usd,
         goal=goal,
         hours=plan_hours(config, architecture, output_tokens, hidden_tokens, train_tokens),
+        measured_yield=measured_yield,
+        yield_sets=yield_sets,
     )
+
+
+def training_yield(layout: RunLayout, datasets: list[str]) -> tuple[float | None, int]:
+    """(share of bought output tokens trained on, sets it was measured on) over every tokenized set of
+    this results root (`tokens.json` `yield`); (None, 0) before any."""
+    bought = trained = sets = 0
+    for ds in datasets:
+        path = layout.token_stats(ds)
+        try:
+            measured = json.loads(path.read_text()).get("yield") or {} if path.is_file() else {}
+        except (OSError, ValueError, AttributeError):  # a file being written, or not tokens.json at all
+            measured = {}
+        if measured.get("bought_tokens"):
+            bought += measured["bought_tokens"]
+            trained += measured["trained_tokens"]
+            sets += 1
+    return (trained / bought if bought else None), sets
 
 
 def dearest_prices(providers_path: Path, model: str) -> Prices | None:

@@ -78,6 +78,10 @@ class SpendPlan:
     # What the command builds: "drafter", "hidden states", "token ids" or "answers" (of the sets planned).
     goal: str = "drafter"
     hours: Hours | None = None
+    # The share of bought output tokens that reached training in the sets tokenized so far (tokens.json
+    # `yield`), and how many sets that is; None before any.
+    measured_yield: float | None = None
+    yield_sets: int = 0
 
     @property
     def remaining_usd(self) -> float:

@@ -173,6 +173,7 @@ def _summary(plan: SpendPlan) -> list[str]:
         named = ", ".join(f"{item.name} ({item.source})" for item in unbought)
         lines.append(f"  not bought, $0: {named}")
     lines.extend(_too_small_for_one_request(plan, buying))
+    lines.append(_yield_line(plan, buying))
     lines.append(_shard_line(plan))
     lines.extend(_hour_lines(plan))
     return [*lines, _what_it_buys(plan, buying)]
@@ -193,6 +194,24 @@ def _too_small_for_one_request(plan: SpendPlan, buying: list[SetPlan]) -> list[s
         f"generation.max_tokens {plan.max_tokens:,} at the dearest output price), so no request starts: "
         "raise budget.usd or lower generation.max_tokens"
     ]
+
+
+def _yield_line(plan: SpendPlan, buying: list[SetPlan]) -> str:
+    """What share of what is bought is expected to reach training, from the sets tokenized so far."""
+    if plan.measured_yield is None:
+        return (
+            "to training: unknown until a set is tokenized (its tokens.json `yield`: the share of bought "
+            "output tokens the token stage keeps)"
+        )
+    tokens = _sum(item.bought_output_tokens for item in buying)
+    expected = ""
+    if isinstance(tokens, int) and tokens:
+        trained = _millions(round(tokens * plan.measured_yield))
+        expected = f"; of the {_millions(tokens)} output tokens to buy, about {trained} would be trained on"
+    return (
+        f"to training: {100 * plan.measured_yield:.1f}% of the output tokens bought so far reached training "
+        f"({_sets(plan.yield_sets)} tokenized){expected}"
+    )
 
 
 def _shard_line(plan: SpendPlan) -> str:

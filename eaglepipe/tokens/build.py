@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from eaglepipe.io import atomic_write, read_jsonl, write_json
+from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
 from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, RebuiltSample, TokensError, TokenSettings
@@ -56,7 +57,8 @@ def build_tokens(
         raise TokensError(
             f"{responses_path}: no sample survived validation ({dict(dropped)}); see this job's log"
         )
-    summary = summarize(rebuilt, settings, len(prompts), text_only)
+    summary = summarize(chat, rebuilt, settings, len(prompts), text_only)
+    summary["yield"] = training_yield(rebuilt.samples, records, settings)
     tensors = sample_tensors(kept)
     atomic_write(tensors_path, lambda tmp: save_file(tensors, str(tmp)))
     write_json(stats_path, summary)
@@ -69,9 +71,57 @@ def keep_reason(sample: RebuiltSample, settings: TokenSettings) -> str | None:
         return sample.problem
     if sample.method is Method.REBUILT_OFF_BY_K and settings.on_mismatch == "drop":
         return "completion_count_mismatch"
+    if sample.method is Method.REBUILT_SEGMENTATION_ONLY and settings.on_segmentation == "drop":
+        return "segmentation_only"
     if sample.method is Method.REBUILT_AMBIGUOUS and settings.on_ambiguous == "drop":
         return "ambiguous"
     return None
+
+
+def training_yield(
+    samples: list[RebuiltSample], records: list[dict[str, Any]], settings: TokenSettings
+) -> dict[str, Any]:
+    """`tokens.json` `yield`: of the output tokens (and dollars) bought for this set's answers, how many
+    have exact ids and how many are trained on, and what the rest was dropped for. An answer's tokens are
+    its bill (`usage.completion_tokens`; without one, its rebuilt length); dollars its `usage.cost`.
+    `samples` are in `records`' order (one each)."""
+    bought = exact = trained = 0
+    usd = trained_usd = 0.0
+    dropped: dict[str, dict[str, float]] = {}
+    for sample, record in zip(samples, records, strict=True):
+        tokens = sample.billed_completion
+        tokens = len(sample.completion_ids) if tokens is None else tokens
+        cost = float((record.get("usage") or {}).get("cost") or 0.0)
+        bought += tokens
+        usd += cost
+        reason = keep_reason(sample, settings)
+        if reason is None:
+            trained += tokens
+            trained_usd += cost
+            exact += tokens if sample.method in EXACT_METHODS else 0
+            continue
+        cause = dropped.setdefault(reason, {"answers": 0, "tokens": 0, "usd": 0.0})
+        cause["answers"] += 1
+        cause["tokens"] += tokens
+        cause["usd"] = round(cause["usd"] + cost, 6)
+    return {
+        "answers": len(samples),
+        "bought_tokens": bought,
+        "bought_usd": round(usd, 6),
+        "exact_tokens": exact,
+        "trained_tokens": trained,
+        "trained_usd": round(trained_usd, 6),
+        "trained_share": round(trained / bought, 6) if bought else None,
+        "trained_tokens_by_method": {
+            method.name.lower(): sum(
+                s.billed_completion if s.billed_completion is not None else len(s.completion_ids)
+                for s in samples
+                if s.method is method and keep_reason(s, settings) is None
+            )
+            for method in Method
+        },
+        "dropped": dict(sorted(dropped.items())),
+    }
 
 
 def sample_tensors(samples: list[RebuiltSample]) -> dict[str, torch.Tensor]:
@@ -97,7 +147,11 @@ def sample_tensors(samples: list[RebuiltSample]) -> dict[str, torch.Tensor]:
 
 
 def summarize(
-    rebuilt: Rebuilt, settings: TokenSettings, num_prompts: int, text_only: Rebuilt | None = None
+    chat: ChatFormat,
+    rebuilt: Rebuilt,
+    settings: TokenSettings,
+    num_prompts: int,
+    text_only: Rebuilt | None = None,
 ) -> dict[str, Any]:
     """`tokens.json`: everything but `prompt_ids` counts all responses, before any drop; `text_only`, the
     same records rebuilt without their server ids (the round-trip gate)."""
@@ -122,7 +176,7 @@ def summarize(
         "shares": _shares(samples, by_method),
         "billed": _billed(billed, len(samples)),
         "prompt": _prompt_summary(samples, settings),
-        "round_trip": round_trip(samples, text_only.samples if text_only else None),
+        "round_trip": round_trip(chat, samples, text_only.samples if text_only else None),
         "providers": {
             name: {**profile.summary(), **rebuilt.evidence[name].summary()}
             for name, profile in sorted(rebuilt.profiles.items())

@@ -71,6 +71,9 @@ class Selection:
     method: Method
     flags: Flag
     billed_diff: int  # the chosen reading's billable length minus the bill (0 when it fits or no bill)
+    # Where the structure has another reading (several variants, slots with several options, or a doubt
+    # no count settles): what a reply that misses its bill may have lost besides its text's split.
+    doubts: Flag = Flag(0)
 
 
 @dataclass
@@ -315,7 +318,7 @@ def select(variants: Sequence[Variant], billed: int | None, stop_billed: bool) -
         if billed is None:
             return Selection(ids, Method.REBUILT_AMBIGUOUS, Flag.NO_BILLED_COUNT | best.forced, 0)
         diff = len(ids) - int(best.stop and not stop_billed) - billed
-        return Selection(ids, Method.REBUILT_OFF_BY_K, best.forced, diff)
+        return Selection(ids, Method.REBUILT_OFF_BY_K, best.forced, diff, _doubts(variants))
     chosen = min(fitting, key=lambda s: s.variant.cost + s.best_cost)
     flags = chosen.variant.forced
     for solution in fitting:
@@ -329,6 +332,22 @@ def select(variants: Sequence[Variant], billed: int | None, stop_billed: bool) -
     ways = sum(s.ways for s in fitting)
     method = Method.REBUILT_COUNT_MATCHED if ways == 1 and not flags else Method.REBUILT_AMBIGUOUS
     return Selection(_ids(chosen.variant, chosen.choice), method, flags, 0)
+
+
+def _doubts(variants: Sequence[Variant]) -> Flag:
+    """The parts of a reply that have more than one reading: other structures or engine readings, slots
+    with several options, and doubts no count can settle."""
+    doubts = Flag(0)
+    for variant in variants:
+        doubts |= variant.forced
+        for item in variant.items:
+            if isinstance(item, Slot) and len(item.options) > 1:
+                doubts |= item.flag
+    if len({v.reading[0] for v in variants}) > 1:
+        doubts |= Flag.STRUCTURE
+    if len({v.reading[1] for v in variants}) > 1:
+        doubts |= Flag.WHITESPACE
+    return doubts
 
 
 def _solve(variant: Variant, billed: int, stop_billed: bool) -> _Solved:

@@ -2,8 +2,11 @@
 
 Only ids that came from the server are called exact. Ids rebuilt from text are the canonical encoding of
 the text, which is what the model generated unless it split some text differently from BPE (models do,
-now and then); such a split changes the token count in most cases, so the billed count catches it, but
-not always. Hence `rebuilt_count_matched` promises a count, not ids.
+now and then, and often when they sample at temperature 1.0); such a split changes the token count in most
+cases, so the billed count catches it, but not always. Hence `rebuilt_count_matched` promises a count, not
+ids. A reply whose count misses the bill while nothing in it could have changed its structure (no reading
+in doubt, no special token's text, no cut tool call) can only be split differently:
+`rebuilt_segmentation_only`, whose canonical ids are the model's text, and are trained on.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ class Method(IntEnum):
     LOGPROB_BYTES = 1  # each token's bytes from logprobs, mapped to its id, checked against the text
     REBUILT_COUNT_MATCHED = 2  # rebuilt from text: exactly one candidate reading has the billed length
     REBUILT_AMBIGUOUS = 3  # rebuilt: several readings have the billed length (or none can be checked)
-    REBUILT_OFF_BY_K = 4  # rebuilt: no reading has the billed length; `billed_diff` holds by how much
+    REBUILT_OFF_BY_K = 4  # rebuilt: no reading has the billed length, and its structure is in doubt
+    # Rebuilt: no reading has the billed length, but only the text's split into tokens can differ (the
+    # structure has one reading): the canonical ids of the model's own text; `billed_diff` as above.
+    REBUILT_SEGMENTATION_ONLY = 5
 
 
 EXACT_METHODS = frozenset({Method.SERVER_IDS, Method.LOGPROB_BYTES})

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # format is still tried where only it renders). The keep/drop choices are unused: the probe reads only
 # the sample's problem.
 PROBE_SETTINGS = TokenSettings(
-    on_mismatch="keep", on_ambiguous="keep", tool_format="typescript", providers={}
+    on_mismatch="keep", on_ambiguous="keep", on_segmentation="keep", tool_format="typescript", providers={}
 )
 
 

@@ -17,14 +17,14 @@ from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_tools import ToolFormat
 from eaglepipe.target.segments import RenderError, Special
-from eaglepipe.tokens.candidates import PieceCache, Selection, Variant, select, shape_of
+from eaglepipe.tokens.candidates import KNOWN_SOURCES, PieceCache, Selection, Variant, select, shape_of
 from eaglepipe.tokens.exact import ExactIds, exact_completion, ids_from_bytes, with_stop
 from eaglepipe.tokens.methods import Flag, Method
 from eaglepipe.tokens.normalize import unpad_edit
 from eaglepipe.tokens.pieces import NO_EDIT
 from eaglepipe.tokens.profile import EngineProfile, Evidence, ProviderPin, decide_profile
 from eaglepipe.tokens.reply import Reply, parse_reply
-from eaglepipe.tokens.validate import structure_problem
+from eaglepipe.tokens.validate import marker_text, structure_problem
 
 # Replies each bills probe (stop billing, reasoning end) reads per provider; readings that fit the bill.
 PROBE_REPLIES = 64
@@ -43,6 +43,7 @@ class TokenSettings:
 
     on_mismatch: str
     on_ambiguous: str
+    on_segmentation: str
     tool_format: ToolFormat
     providers: dict[str, ProviderPin]
 
@@ -52,6 +53,7 @@ class TokenSettings:
         return cls(
             on_mismatch=section["on_mismatch"],
             on_ambiguous=section["on_ambiguous"],
+            on_segmentation=section["on_segmentation"],
             tool_format=section["tool_format"],
             providers={name: ProviderPin.from_config(entry) for name, entry in section["providers"].items()},
         )
@@ -304,6 +306,8 @@ class Rebuilder:
             chosen = self._select(item, profile, pieces, billed)
             ids, method, diff = chosen.ids, chosen.method, chosen.billed_diff
             flags |= chosen.flags
+            if method is Method.REBUILT_OFF_BY_K and self._only_split_differs(item, chosen, profile):
+                method = Method.REBUILT_SEGMENTATION_ONLY
         as_returned = self._as_returned_length(reply, pieces) - stop_unbilled
         problem = structure_problem(
             chat, prompt_ids, ids, truncated=reply.truncated, thinking=reply.thinking
@@ -325,6 +329,23 @@ class Rebuilder:
             problem,
             server_prompt,
             None if reply.server_ids is None else with_stop(chat, reply.server_ids, reply.truncated),
+        )
+
+    def _only_split_differs(self, item: _Pending, chosen: Selection, profile: EngineProfile) -> bool:
+        """A reply that misses its bill can have lost structure (whitespace an engine ate at a marker, a
+        special token dropped from the text, a cut tool call) or been split into tokens otherwise than BPE
+        would split its text. Only the split can differ when the structure has one reading (`doubts`), no
+        special token's text stands in the reply (an engine drops or mis-splits those), no tool call was
+        cut, the server's own ids, if it sent any, did not contradict the text, and, for a reply with tool
+        calls, the provider is known to keep arguments as generated: both vLLM and SGLang trim them, which
+        leaves nothing in the text (docs/tokens.md)."""
+        reply = item.reply
+        arguments_known = profile.sources.get("arguments") in KNOWN_SOURCES and profile.arguments == "keep"
+        return not (
+            chosen.doubts
+            or item.rejected
+            or (reply.tool_calls and (reply.truncated or not arguments_known))
+            or any(marker_text(self.chat).search(text) for text in reply.texts if text)
         )
 
     def _prompt(self, item: _Pending, where: str) -> tuple[list[int], dict[str, int], Flag]:

@@ -19,7 +19,7 @@ _CUT_OFF = re.compile(r"T?(?:S(?:BAE)*(?:B|BA|Z)?)?")
 
 
 @cache
-def _marker_texts(chat: ChatFormat) -> re.Pattern[str]:
+def marker_text(chat: ChatFormat) -> re.Pattern[str]:
     """Any special token's own text (`<|im_end|>`, `</think>`, `<|tool_call_begin|>`), longest first."""
     distinct = {chat.tokenizer.decode([token_id]) for token_id in chat.special_ids}
     texts = sorted((t for t in distinct if t.strip()), key=len, reverse=True)
@@ -32,7 +32,7 @@ def marker_text_problem(chat: ChatFormat, texts: list[str], *, excess: int | Non
     a parser that leaks a marker returns its text, several tokens, for the one special id the model
     generated, so the rebuild runs over the bill by at least that many less one. `excess`: the rebuild's
     length minus the bill (None without a bill, which cannot clear the text)."""
-    pattern = _marker_texts(chat)
+    pattern = marker_text(chat)
     found = [match.group() for text in texts if text for match in pattern.finditer(text)]
     if not found:
         return None
