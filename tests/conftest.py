@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from budget import Budgets, shared_budget
 
 from eaglepipe.target.convert import EMBEDDED_GGUF, convert_gguf, packaged_gguf
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
@@ -23,6 +24,10 @@ REPO = Path(__file__).resolve().parent.parent
 EMBEDDED_MODEL_DIR = REPO / "resources" / "models" / "smollm2-135m-instruct"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(Budgets(), "eaglepipe-budgets")
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     """The converted SmolLM2 directory; converting takes ~40 s, so it is shared with the pipeline's copy."""
@@ -32,6 +37,7 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+@shared_budget(480, reason="trains the tiny text model (2.5 min here), once per checkout")
 def tiny_targets() -> dict[str, Path]:
     """The tiny Kimi-K2.5 and DeepSeek-V3 (eaglepipe/target/tiny.py), trained once (two to four minutes) for
     both and kept where the pipeline's `target_model` rule puts them; under a lock, so xdist workers and
@@ -61,6 +67,7 @@ def emulator_url(model_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+@shared_budget(240, reason="a whole tiny run through Snakemake (about 60 s), once per change of the code")
 def tiny_pipeline(tmp_path_factory, model_dir: Path) -> Path:
     """The work directory of one full tiny run through Snakemake (tests/tiny_run.py), shared by the
     modules that inspect what a whole run leaves: it takes minutes. Tests that change it restore it."""

@@ -14,7 +14,10 @@ from tiny_run import PROMPTS, RESULTS_ROOT, snakemake, tiny_config, write_prompt
 
 from eaglepipe.openrouter.settings import max_request_usd
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.budget(300, reason="the tiny chain through Snakemake to a trained drafter, twice: ~110 s"),
+]
 
 
 def billed_prompts(results: Path) -> Counter[tuple[str, str]]:

@@ -27,7 +27,13 @@ from eaglepipe.openrouter.journal import read_records
 from eaglepipe.openrouter.settings import engine_request_params, operational_params
 from eaglepipe.openrouter.stage import write_job_settings
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    # Each test starts vLLM (a job its server, the reference its offline engine) or runs the whole chain
+    # against one: 80-90 s each.
+    pytest.mark.budget(300, reason="vLLM started by a job, and a whole chain against vLLM"),
+]
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -64,6 +70,7 @@ def offline_chat(model_dir: Path, conversations: list[list[dict]], work: Path) -
 
 
 def test_the_job_starts_vllm_and_records_the_ids_it_produced(model_dir: Path, tmp_path: Path) -> None:
+    """The job's own start of `vllm serve` is under test, so it uses no running server."""
     config = default_config(
         api={"model": "local/smollm2"},
         answers={"source": "engine"},

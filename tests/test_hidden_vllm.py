@@ -22,6 +22,8 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def test_vllm_states_agree_with_the_hf_backend(tmp_path, model_dir):
+    """The backend starts its own engine (vLLM's `extract_hidden_states` with our connector): that start is
+    part of what is checked, so it shares none."""
     if not VLLM_PYTHON.is_file():
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env`, or deselect with -m 'not vllm'")
     rows = [*ROWS, ROWS[0][:4] + [9226, 17, 2]]  # a shared prefix: vLLM's prefix cache serves part of it

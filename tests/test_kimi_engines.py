@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from budget import shared_budget
 from safetensors.torch import load_file, save_file
 from stage_settings import eval_settings, train_settings
 from test_hidden import extract, settings
@@ -103,6 +104,8 @@ def write_samples(directory: Path, rows: list[tuple[list[int], list[int]]]) -> P
 def test_vllm_hidden_states_equal_the_hf_backend_at_the_recorded_layers(
     name, tiny_targets, continuations, tmp_path
 ):
+    """The backend starts its own engine (vLLM's `extract_hidden_states` with our connector): that start is
+    part of what is checked, so it shares no engine with the drafter runs."""
     token_path = write_samples(tmp_path / "tokens", continuations[name][:6])
     target = tiny_targets[name]
     hf = extract(token_path, target, tmp_path / "hf", shard_tokens=1500)
@@ -138,6 +141,7 @@ def test_vllm_hidden_states_equal_the_hf_backend_at_the_recorded_layers(
 
 
 @pytest.fixture(scope="module", params=[DEEPSEEK_V3_TINY, KIMI_K25_TINY])
+@shared_budget(300, reason="per target: a drafter trained 30 epochs, evaluated, then three vLLM runs: ~55 s")
 def served(request, tiny_targets, continuations, tmp_path_factory) -> dict:
     name = request.param
     target = tiny_targets[name]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from budget import shared_budget
 from tiny_run import REPO, snakemake
 
 from eaglepipe.target.tiny import KIMI_K25_TINY
@@ -23,7 +24,9 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
+@shared_budget(360, reason="the whole chain on the tiny Kimi-K2.5, hidden states through vLLM: about 105 s")
 def kimi_run(tiny_targets, tmp_path_factory) -> Path:
+    """The pipeline's hidden jobs start vLLM themselves, as a real run's do: that is part of the chain."""
     if not VLLM_PYTHON.is_file():
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env`, or deselect with -m 'not vllm'")
     workdir = tmp_path_factory.mktemp("kimi-pipeline")

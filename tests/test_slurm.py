@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from budget import shared_budget
 from safetensors.torch import load_file
 from slurm_cluster import GPU_MODEL, Slurm, running_slurm
 from test_generation_rehearsal import processes_in_group, rig
@@ -40,6 +41,7 @@ pytestmark = [
     pytest.mark.slurm,
     pytest.mark.cluster,
     pytest.mark.slow,
+    pytest.mark.budget(300, reason="a whole tiny run (or most of one) through a real Slurm: 55-80 s each"),
     pytest.mark.skipif(os.environ.get("EAGLEPIPE_SKIP_SLURM") == "1", reason="EAGLEPIPE_SKIP_SLURM=1"),
     pytest.mark.skipif(os.geteuid() != 0, reason="installs and starts Slurm: needs root"),
 ]
@@ -68,6 +70,7 @@ SMALL_JOBS = {
 
 
 @pytest.fixture(scope="module")
+@shared_budget(600, reason="on a fresh machine, installs Slurm and munge with apt-get first")
 def slurm(tmp_path_factory) -> Iterator[Slurm]:
     with running_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster

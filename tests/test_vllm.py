@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from budget import shared_budget
 from stage_settings import eval_settings, train_settings
 from tiny_run import PROMPTS, RESULTS_ROOT
 from vllm_runs import run_vllm
@@ -28,6 +29,7 @@ MAX_NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
+@shared_budget(240, reason="a drafter trained 60 epochs, evaluated, and two vLLM runs: about 40 s")
 def served(tiny_pipeline: Path, model_dir: Path, tmp_path_factory) -> dict:
     root = tiny_pipeline / RESULTS_ROOT
     work = tmp_path_factory.mktemp("vllm")
