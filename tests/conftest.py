@@ -1,13 +1,14 @@
-"""Shared fixtures: the real embedded model, built once if the pipeline has not built it yet."""
+"""Shared fixtures: the real embedded model and the tiny targets, built once if the pipeline has not built
+them yet, and a whole tiny run, built once per change of the code (tests/build_cache.py)."""
 
 from __future__ import annotations
 
-import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from budget import Budgets, shared_budget
+from build_cache import cached, copy_of, file_identity, locked, source_key
 
 from eaglepipe.target.convert import EMBEDDED_GGUF, convert_gguf, packaged_gguf
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
@@ -30,9 +31,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    """The converted SmolLM2 directory; converting takes ~40 s, so it is shared with the pipeline's copy."""
-    if not (EMBEDDED_MODEL_DIR / "model.safetensors").is_file():
-        convert_gguf(packaged_gguf(*EMBEDDED_GGUF), EMBEDDED_MODEL_DIR)
+    """The converted SmolLM2 directory; converting takes ~40 s, so it is shared with the pipeline's copy;
+    under a lock, so xdist workers do not convert it twice, nor read it half written."""
+    with locked(EMBEDDED_MODEL_DIR.parent / ".smollm2.lock"):
+        if not (EMBEDDED_MODEL_DIR / "model.safetensors").is_file():
+            convert_gguf(packaged_gguf(*EMBEDDED_GGUF), EMBEDDED_MODEL_DIR)
     return EMBEDDED_MODEL_DIR
 
 
@@ -44,10 +47,7 @@ def tiny_targets() -> dict[str, Path]:
     a running pipeline do not build them twice."""
     teacher = [REPO / path for path in TEACHER_FILES]
     directories = {name: REPO / "resources" / "models" / name for name in TINY_TARGETS}
-    lock_path = REPO / "resources" / "models" / ".tiny-targets.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(REPO / "resources" / "models" / ".tiny-targets.lock"):
         stale = [name for name, directory in directories.items() if not is_current(name, directory, teacher)]
         if stale:
             state, fingerprint = trained_text_model(teacher)
@@ -70,12 +70,13 @@ def emulator_url(model_dir: Path) -> Iterator[str]:
 @shared_budget(240, reason="a whole tiny run through Snakemake (about 60 s), once per change of the code")
 def tiny_pipeline(tmp_path_factory, model_dir: Path) -> Path:
     """The work directory of one full tiny run through Snakemake (tests/tiny_run.py), shared by the
-    modules that inspect what a whole run leaves: it takes minutes. Tests that change it restore it."""
-    from tiny_run import build_tiny_run
+    modules that inspect what a whole run leaves: it takes about a minute, so it is built once per change
+    of the code (tests/build_cache.py) and copied into each session. Tests that change it restore it."""
+    import tiny_run
 
-    workdir = tmp_path_factory.mktemp("pipeline")
-    build_tiny_run(workdir, model_dir)
-    return workdir
+    key = source_key([Path(tiny_run.__file__)], model=file_identity(model_dir / "model.safetensors"))
+    built = cached("tiny-pipeline", key, lambda workdir: tiny_run.build_tiny_run(workdir, model_dir))
+    return copy_of(built, tmp_path_factory.mktemp("pipeline") / "run")
 
 
 @pytest.fixture(scope="session")

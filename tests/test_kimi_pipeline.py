@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from budget import shared_budget
+from build_cache import cached, copy_of, file_identity, source_key
 from tiny_run import REPO, snakemake
 
 from eaglepipe.target.tiny import KIMI_K25_TINY
@@ -26,10 +27,18 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 @pytest.fixture(scope="module")
 @shared_budget(360, reason="the whole chain on the tiny Kimi-K2.5, hidden states through vLLM: about 105 s")
 def kimi_run(tiny_targets, tmp_path_factory) -> Path:
-    """The pipeline's hidden jobs start vLLM themselves, as a real run's do: that is part of the chain."""
+    """The chain's run, built once per change of the code (tests/build_cache.py) and copied for this
+    module, whose report test writes into it. The pipeline's hidden jobs start vLLM themselves, as a real
+    run's do: that is part of the chain."""
     if not VLLM_PYTHON.is_file():
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make vllm-env`, or deselect with -m 'not vllm'")
-    workdir = tmp_path_factory.mktemp("kimi-pipeline")
+    target = tiny_targets[KIMI_K25_TINY]
+    key = source_key([Path(__file__)], target=file_identity(target / "model.safetensors"))
+    built = cached("kimi-pipeline", key, lambda workdir: run_the_chain(workdir, target))
+    return copy_of(built, tmp_path_factory.mktemp("kimi-pipeline") / "run")
+
+
+def run_the_chain(workdir: Path, target: Path) -> None:
     (workdir / "sources").mkdir()
     for ds, demo in SETS.items():
         lines = (REPO / "resources" / "sources" / "demo" / f"{demo}.jsonl").read_text().splitlines()[:6]
@@ -39,14 +48,13 @@ def kimi_run(tiny_targets, tmp_path_factory) -> Path:
         datasets=list(SETS),
         sources={ds: {"type": "jsonl", "path": f"sources/{ds}.jsonl"} for ds in SETS},
     )
-    config["target"].update(path=str(tiny_targets[KIMI_K25_TINY]), embedded=False)
+    config["target"].update(path=str(target), embedded=False)
     config["hidden"]["engine_python"] = str(VLLM_PYTHON)
     config["drafter"].update(epochs=4, draft_vocab_size=4096)
     config["eval"].update(holdout_per_dataset=1, max_new_tokens=16)
     (workdir / "kimi.yaml").write_text(yaml.safe_dump(config))
     run = snakemake(workdir, configfile=workdir / "kimi.yaml", timeout=1500)
     assert run.returncode == 0, run.stderr[-4000:]
-    return workdir
 
 
 def test_the_emulator_serves_reasoning_and_tool_calls_from_the_targets_forward_pass(kimi_run):

@@ -23,7 +23,7 @@ from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import build_tokens, keep_reason
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.rebuild import Rebuilder
-from eaglepipe.tokens.round_trip import only_split_differs
+from eaglepipe.tokens.round_trip import only_specials_dropped, only_split_differs
 
 pytestmark = pytest.mark.slow
 
@@ -102,15 +102,19 @@ def check_against_truth(model_dir: Path, folder: Path, prompts: list[dict[str, A
     rebuilt = Rebuilder(chat, settings).rebuild(
         {p["id"]: p for p in prompts}, [as_openrouter_returns(r) for r in records], "rehearsal"
     )
-    tally = {"segmentation_kept": 0, "segmentation_missed": 0, "structural": 0}
+    tally = {"segmentation_kept": 0, "segmentation_missed": 0, "structural": 0, "dropped_special": 0}
     for sample, record in zip(rebuilt.samples, records, strict=True):
         stopped = record["response"]["finish_reason"] != "length"
         truth = record["response"]["token_ids"] + ([chat.layout.stop] if stopped else [])
         same_split = only_split_differs(chat, sample.completion_ids, truth)
         kept = keep_reason(sample, settings) is None
         if sample.method is Method.REBUILT_SEGMENTATION_ONLY:
-            assert same_split and kept, sample.prompt_id  # the label's promise, against the true ids
-            tally["segmentation_kept"] += 1
+            # The label's promise, against the true ids: the split only, or (the blind spot no text shows)
+            # a special id the model wrote mid-answer that the engine left out of its text.
+            assert kept and (same_split or only_specials_dropped(chat, sample.completion_ids, truth)), (
+                sample.prompt_id
+            )
+            tally["segmentation_kept" if same_split else "dropped_special"] += 1
         elif not same_split:
             # Structure differs: never trained on as if the text were the model's, unless the rebuild matched
             # the bill with the truth's own structure (a reading the count settled).

@@ -107,7 +107,8 @@ def test_a_count_miss_only_the_split_can_explain_is_kept(tmp_path, model_dir, gr
     dropped = run(tmp_path, model_dir, records, on_segmentation="drop")
     assert dropped["prompt_ids"] == ["p-math"] and dropped["counts"]["dropped"] == {"segmentation_only": 1}
     assert dropped["yield"]["dropped"] == {"segmentation_only": {"answers": 1, "tokens": greet, "usd": 0.0}}
-    assert dropped["yield"]["trained_share"] == pytest.approx(1 - greet / dropped["yield"]["bought_tokens"], abs=1e-6)
+    trained = 1 - greet / dropped["yield"]["bought_tokens"]
+    assert dropped["yield"]["trained_share"] == pytest.approx(trained, abs=1e-6)
 
 
 def test_a_count_miss_with_structure_in_doubt_is_dropped_or_kept(tmp_path, model_dir, greedy):
@@ -174,8 +175,8 @@ def test_the_round_trip_gate_finds_ids_the_text_alone_does_not_give(tmp_path, mo
         "first_difference": position, "server_length": len(completion) + 1 + stopped,
         "rebuilt_length": len(completion) + stopped, "rebuilt_method": "rebuilt_segmentation_only"}]
     # The split alone differs, and the text-only rebuild said so: its label's precision is measured here.
-    assert gate["segmentation_only"] == {
-        "labelled": 1, "truly_segmentation": 1, "precision": 1.0, "truly_segmentation_misses": 1, "recall": 1.0}
+    assert gate["segmentation_only"] == {"labelled": 1, "truly_segmentation": 1, "precision": 1.0,
+                                         "dropped_special": 0, "truly_segmentation_misses": 1, "recall": 1.0}
     end = tensors["offsets"].tolist()[1]
     trained = tensors["input_ids"][tensors["prompt_len"].tolist()[0]:end].tolist()
     assert trained[: len(split["response"]["token_ids"])] == split["response"]["token_ids"]  # the server's

@@ -7,7 +7,9 @@ the engine's text that the rebuild does not undo (docs/tokens.md names the known
 
 Each miss is also told by what truly differs: `segmentation` when the rebuilt ids and the server's hold the
 same special ids in the same order and decode to the same text between them (only the split into tokens
-differs), `structural` otherwise. Set against what the text-only rebuild labelled each answer, that is the
+differs), `dropped_special` when the text is the same but a special id the model wrote mid-answer is
+missing (the engine dropped it from its text: nothing a text-only rebuild can see), `structural`
+otherwise. Set against what the text-only rebuild labelled each answer, that is the
 precision of `rebuilt_segmentation_only` (every answer it keeps must truly differ only in its split) and
 how much of the truly split-only the label reaches, by answer length.
 """
@@ -72,6 +74,7 @@ def round_trip(
         )
     called = {key: n for key, n in labelled.items() if key.startswith("rebuilt_segmentation_only")}
     truly = sum(n for key, n in called.items() if key.endswith(": segmentation"))
+    stray = sum(n for key, n in called.items() if key.endswith(": dropped_special"))
     split_only = sum(n for key, n in labelled.items() if key.endswith(": segmentation"))
     return {
         "samples": len(pairs),
@@ -83,6 +86,8 @@ def round_trip(
             "labelled": sum(called.values()),
             "truly_segmentation": truly,
             "precision": round(truly / sum(called.values()), 6) if called else None,
+            # Labelled split-only, but the engine dropped a special id the model wrote mid-answer.
+            "dropped_special": stray,
             "truly_segmentation_misses": split_only,
             "recall": round(truly / split_only, 6) if split_only else None,
         },
@@ -92,7 +97,29 @@ def round_trip(
 
 
 def _truth(chat: ChatFormat, rebuilt: Sequence[int], server: Sequence[int]) -> str:
-    return "segmentation" if only_split_differs(chat, rebuilt, server) else "structural"
+    if only_split_differs(chat, rebuilt, server):
+        return "segmentation"
+    return "dropped_special" if only_specials_dropped(chat, rebuilt, server) else "structural"
+
+
+def only_specials_dropped(chat: ChatFormat, ours: Sequence[int], theirs: Sequence[int]) -> bool:
+    """The same text, but special ids the server generated are missing from ours: a special token the model
+    wrote in the middle of its answer (a second `</think>`, say) that the engine dropped from the text it
+    returned, which no text-only rebuild can see. Structural, and told apart from other structural misses
+    because its cause is the model's, not the rebuild's."""
+    our_specials = [part for part in _parts(chat, ours) if isinstance(part, int)]
+    their_specials = [part for part in _parts(chat, theirs) if isinstance(part, int)]
+    remaining = iter(their_specials)
+    is_subsequence = all(any(mine == theirs for theirs in remaining) for mine in our_specials)
+    return (
+        is_subsequence
+        and len(our_specials) < len(their_specials)
+        and _text(chat, ours) == _text(chat, theirs)
+    )
+
+
+def _text(chat: ChatFormat, ids: Sequence[int]) -> str:
+    return "".join(part for part in _parts(chat, ids) if isinstance(part, str))
 
 
 def only_split_differs(chat: ChatFormat, ours: Sequence[int], theirs: Sequence[int]) -> bool:
