@@ -133,7 +133,8 @@ def test_the_budget_cuts_in_prompt_order_and_uncounted_answers_pass(tmp_path):
     run = load_run(["demo"], responses=[tmp_path / "responses.jsonl"],
                    summaries=[tmp_path / "responses.summary.json"])
     assert [answer.completion_tokens for answer in run.sets[0].answers or []] == [None, 7]  # not drawn as 0
-    assert run_table(run).splitlines()[2].split()[:4] == ["demo", "2", "7", "$0.0000"]
+    # The answer without a count is named, not added as 0.
+    assert run_table(run).splitlines()[2].split()[:6] == ["demo", "2", "7", "(+1", "uncounted)", "$0.0000"]
     summary, records = run_import(tmp_path, lines, budget=12)
     assert (summary["done"], summary["completion_tokens"], summary["ended_because"]) == (3, 12, "all_done")
 

@@ -29,7 +29,7 @@ def _set_row(item: Any) -> list[str]:
     return [
         item.name,
         str(summary["done"]) if "done" in summary else DASH,
-        f"{summary['completion_tokens']:,}" if "completion_tokens" in summary else DASH,
+        _output_tokens(summary),
         f"${summary['dollars']:.4f}" if "dollars" in summary else DASH,
         _share(shares.get("exact")) if tokens else DASH,
         _share(shares.get("billed_count_matched")) if tokens else DASH,
@@ -37,6 +37,17 @@ def _set_row(item: Any) -> list[str]:
         f"{hidden['num_tokens']:,}" if "num_tokens" in hidden else DASH,
         _round_trip(tokens.get("round_trip") or {}),
     ]
+
+
+def _output_tokens(summary: dict[str, Any]) -> str:
+    """The set's billed output tokens; a dash where no answer had a count (imported answers without usage),
+    and the uncounted ones named where only some had."""
+    if "completion_tokens" not in summary:
+        return DASH
+    uncounted = summary.get("uncounted") or 0
+    if uncounted and uncounted >= summary.get("done", 0):
+        return DASH
+    return f"{summary['completion_tokens']:,}" + (f" (+{uncounted} uncounted)" if uncounted else "")
 
 
 def _total_row(sets: list[Any]) -> list[str]:

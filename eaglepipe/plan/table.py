@@ -150,7 +150,9 @@ def _summary(plan: SpendPlan) -> list[str]:
         f"budget.usd ${plan.budget_usd:,.2f}: ${plan.spent_usd:,.4f} spent so far, "
         f"${plan.remaining_usd:,.2f} left"
     )
-    if plan.share_usd is not None:
+    if plan.policy == "share" and plan.share_usd is None:
+        how = "no set of this run is bought (its answers come from files or an engine): budget.usd is unused"
+    elif plan.share_usd is not None:
         how = (
             f"budget.policy share: each of the run's bought sets may spend ${plan.share_usd:,.2f}, and one "
             "its share stops is complete for now with what it bought (its summary: partial: dollar_budget); "

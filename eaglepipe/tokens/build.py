@@ -202,7 +202,9 @@ def _shares(samples: list[RebuiltSample], by_method: Counter[str]) -> dict[str, 
         m.name.lower(): _share(by_method[m.name.lower()], total) for m in Method if m not in EXACT_METHODS
     }
     with_bill = [s for s in samples if s.billed_completion is not None]
-    shares["billed_count_matched"] = _share(sum(s.billed_diff == 0 for s in with_bill), total)
+    # None, not 0%, where no answer came with a count to match (imported answers without usage).
+    matched = sum(s.billed_diff == 0 for s in with_bill)
+    shares["billed_count_matched"] = _share(matched, total) if with_bill else None
     return shares
 
 
