@@ -3,6 +3,7 @@ them yet, and a whole tiny run, built once per change of the code (tests/build_c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,24 @@ EMBEDDED_MODEL_DIR = REPO / "resources" / "models" / "smollm2-135m-instruct"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Budgets(), "eaglepipe-budgets")
+    if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+        share_the_cores(int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+
+
+def share_the_cores(worker: int, workers: int) -> None:
+    """Each xdist worker computes on its own share of the cores, and so does what it starts (Snakemake jobs,
+    the emulator, vLLM). OpenMP threads that outnumber the free cores wait for each other at every op:
+    with another job busy beside it, tests/test_kv_cache.py took 181 s on torch's two threads, 35 s on one.
+    vLLM on the CPU binds its threads to the first core unless told otherwise, so two workers' engines
+    would share that core and leave the other idle."""
+    cores = os.cpu_count() or 1
+    per_worker = max(1, cores // workers)
+    first = worker * per_worker % cores
+    os.environ.setdefault("OMP_NUM_THREADS", str(per_worker))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{first}-{first + per_worker - 1}")
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
