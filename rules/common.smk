@@ -124,7 +124,12 @@ def generation_settings_input(wildcards):
 # (`--mode subprocess` / `remote`) skip it.
 if workflow.is_main_process:
     from eaglepipe.config import target_outside_datasets
-    from eaglepipe.plan import command_line_targets, print_spend_plan
+    from eaglepipe.plan import command_line_targets, dropped_profile_configfiles, print_spend_plan
+
+    # A workflow profile's config files (the demo's config/local.yaml) are dropped by a --configfile on the
+    # command line: refuse, in one line, rather than run the real run's config under the demo's profile.
+    if "--configfile" in sys.argv and (problem := dropped_profile_configfiles(sys.argv)):
+        sys.exit(f"eaglepipe: {problem}")
 
     # A target of a set that `datasets` lacks has no rule: one line naming the key instead of the plan and
     # Snakemake's "No rule to produce". The command line is parsed only when a word could be one.

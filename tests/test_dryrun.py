@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,36 @@ def test_a_real_run_without_a_key_stops_before_any_job(tmp_path):
     assert run.returncode != 0
     assert "eaglepipe: no API key file" in run.stderr
     assert "rule prompts" not in run.stdout + run.stderr and not (tmp_path / "resources").exists()
+
+
+def test_a_dry_run_ends_with_the_plan_and_says_the_key_is_missing(tmp_path):
+    """The plan is the last thing a dry run prints (after Snakemake's job list), closed by its one
+    sentence, and a missing key file, which would stop the real run before buying, is said there."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENROUTER_KEY_FILE"}
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+               "--configfile", str(REPO / "config.yaml"), "-n"]
+    run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                         env=env)
+    assert run.returncode == 0, run.stdout[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.strip()]
+    assert lines[-1].startswith("In short: ") and "Job stats:" in run.stdout
+    assert lines[-2].startswith("warning: no API key file")
+    assert run.stdout.index("Job stats:") < run.stdout.index("eaglepipe spend plan")
+
+
+def test_a_configfile_cannot_silently_replace_the_demo_profiles_own(tmp_path):
+    """`--workflow-profile profiles/local --configfile my.yaml` would drop config/local.yaml and run the real
+    run's config (OpenRouter, its budget, results/): refused in one line that gives the form that works."""
+    (tmp_path / "my.yaml").write_text("budget: {usd: 0.5}\n")
+    shutil.copy(REPO / "config.yaml", tmp_path)  # the Snakefile's own config file, read in its directory
+    (tmp_path / "resources").symlink_to(REPO / "resources")  # the demo's prompt sources
+    base = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+            "--workflow-profile", str(REPO / "profiles" / "local"), "-n"]
+    run = subprocess.run([*base, "--configfile", str(tmp_path / "my.yaml")], capture_output=True, text=True,
+                         timeout=300, cwd=REPO)
+    assert run.returncode != 0
+    (line,) = [line for line in run.stderr.splitlines() if line.startswith("eaglepipe:")]
+    assert "replaced the config files of" in line and f"--configfile config/local.yaml {tmp_path}" in line
+    both = subprocess.run([*base, "--configfile", "config/local.yaml", str(tmp_path / "my.yaml")],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert both.returncode == 0, both.stderr[-2000:]

@@ -62,5 +62,9 @@ def read_api_key(key_file: str | None, env_var: str = KEY_FILE_ENV_VAR) -> ApiKe
         # An HTTP library would quote such a header value, key included, in its error message.
         raise OpenRouterError(f"API key file {path} holds a non-printable character: rewrite the key")
     if path.stat().st_mode & (stat.S_IRGRP | stat.S_IROTH):
-        log.warning("API key file %s is readable by group or others: chmod 600 %s", path, path)
+        log.warning(
+            "warning: API key file %s is readable by group or others, and the key is a secret: chmod 600 %s",
+            path,
+            path,
+        )
     return ApiKey(lines[0])

@@ -6,15 +6,22 @@ Printed at parse time, so `snakemake -n` shows it and a real run shows the same 
 
 from __future__ import annotations
 
+import atexit
 import os
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+import yaml
+
+from eaglepipe.config import is_local_api, sets_answered_by
 from eaglepipe.layout import RunLayout
 from eaglepipe.plan.estimate import spend_plan
 from eaglepipe.plan.table import format_plan
+
+DRY_RUN_FLAGS = re.compile(r"-[A-Za-z]*n[A-Za-z]*")
 
 
 def sets_named_by(targets: Iterable[str], datasets: list[str], layout: RunLayout) -> list[str]:
@@ -87,6 +94,31 @@ def same_configuration(argv: list[str]) -> str | None:
     return "".join(f" {option}" for option in options)
 
 
+def dropped_profile_configfiles(argv: list[str]) -> str | None:
+    """Why a `--configfile` on the command line quietly replaced its workflow profile's own config files
+    (Snakemake takes the command line's list instead of the profile's), or None. Without them the demo's
+    profile would run the real run's config: OpenRouter, its budget, `results/`. Paths are compared by
+    their trailing parts: the process may already be in the run's `--directory`."""
+    args = command_line_args(argv)
+    if args is None or not args.configfile or not args.workflow_profile:
+        return None
+    profile = Path(args.workflow_profile)
+    try:
+        settings = yaml.safe_load((profile / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    wanted = [Path(os.path.normpath(path)) for path in settings.get("configfile") or []]
+    given = [Path(os.path.normpath(path)).parts for path in args.configfile]
+    missing = [str(p) for p in wanted if not any(parts[-len(p.parts) :] == p.parts for parts in given)]
+    if not missing:
+        return None
+    given = " ".join(str(path) for path in args.configfile)
+    return (
+        f"--configfile {given} replaced the config files of {profile} ({', '.join(missing)}), so this would "
+        f"run the real run's config; give them first: --configfile {' '.join([*missing, given])}"
+    )
+
+
 def command_line_args(argv: list[str]) -> Any:
     """`argv` read by Snakemake's own argument parser, or None for a process not started as `snakemake`."""
     program = Path(argv[0]) if argv else Path()
@@ -115,7 +147,45 @@ def print_spend_plan(
         scope = sets_named_by(targets, datasets, layout)
         plan = spend_plan(config, scope, fingerprint, layout=layout, goal=goal_of(targets, datasets, layout))
         text = format_plan(plan)
+        if problem := key_file_problem(config, layout):  # above the closing sentence, which stays last
+            *body, closing = text.rsplit("\n", 1)
+            text = "\n".join([*body, problem, closing])
     except Exception as error:  # whatever breaks an estimate must not block the run
         print(f"eaglepipe: no spend plan ({type(error).__name__}: {error})", file=stream)
         return
-    print(text, file=stream)
+    if is_dry_run(argv):
+        # Last, after Snakemake's job list, where a dry run's reader looks; a real run shows it before it
+        # starts spending (parse time is before any job).
+        atexit.register(lambda: print(text, file=stream, flush=True))
+    else:
+        print(text, file=stream)
+
+
+def key_file_problem(config: dict[str, Any], layout: RunLayout) -> str | None:
+    """A real run would stop before buying when sets are still to buy and the key file is missing or empty:
+    a dry run says so too. The file is looked at, never read (the plan reads no key)."""
+    if is_local_api(config):
+        return None
+    bought = sets_answered_by(config, "openrouter", config["datasets"])
+    if all(layout.responses(ds).is_file() for ds in bought):
+        return None
+    api = config["api"]
+    named = api["key_file"] or os.environ.get(api["key_file_env"])
+    if not named:
+        return (
+            f"warning: no API key file (api.key_file, or export {api['key_file_env']}=/path/to/keyfile): a "
+            "real run stops there, before buying anything"
+        )
+    path = Path(named).expanduser()
+    if not path.is_file() or path.stat().st_size == 0:
+        state = "does not exist" if not path.exists() else "is empty"
+        return f"warning: API key file {path} {state}: a real run stops there, before buying anything"
+    return None
+
+
+def is_dry_run(argv: list[str]) -> bool:
+    """`-n` (alone or among short flags, `-np`), `--dry-run` or `--dryrun` on the command line."""
+    return any(
+        word in ("--dry-run", "--dryrun") or (DRY_RUN_FLAGS.fullmatch(word) is not None)
+        for word in argv[1:]
+    )
