@@ -25,13 +25,19 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS = ("install", "demo", "test-fast", "test")
 
 
-def run_step(clone: Path, step: str, log: Path) -> tuple[float, int]:
+def clean_env() -> dict[str, str]:
+    """This environment without an activated venv, which must not stand in for the clone's own."""
     env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
-    if venv := os.environ.get("VIRTUAL_ENV"):  # an activated venv must not stand in for the clone's own
+    if venv := os.environ.get("VIRTUAL_ENV"):
         env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(venv))
+    return env
+
+
+def run_step(clone: Path, step: str, log: Path) -> tuple[float, int]:
     started = time.monotonic()
     with open(log, "w") as out:
-        done = subprocess.run(["make", step], cwd=clone, stdout=out, stderr=subprocess.STDOUT, env=env)
+        done = subprocess.run(["make", step], cwd=clone, stdout=out, stderr=subprocess.STDOUT,
+                              env=clean_env())
     return time.monotonic() - started, done.returncode
 
 
