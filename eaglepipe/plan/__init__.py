@@ -112,10 +112,10 @@ def dropped_profile_configfiles(argv: list[str]) -> str | None:
     missing = [str(p) for p in wanted if not any(parts[-len(p.parts) :] == p.parts for parts in given)]
     if not missing:
         return None
-    given = " ".join(str(path) for path in args.configfile)
+    named = " ".join(str(path) for path in args.configfile)
     return (
-        f"--configfile {given} replaced the config files of {profile} ({', '.join(missing)}), so this would "
-        f"run the real run's config; give them first: --configfile {' '.join([*missing, given])}"
+        f"--configfile {named} replaced the config files of {profile} ({', '.join(missing)}), so this would "
+        f"run the real run's config; give them first: --configfile {' '.join([*missing, named])}"
     )
 
 

@@ -6,7 +6,7 @@ sampling (temperature, top_p, a seed per request, `max_tokens`, the stop id), th
 for answers longer than a tiny target writes by itself. Writes one line per input: `key`, the generated
 `completion_ids` (the stop id last when it stopped) and `stopped`.
 
-    PYTHONPATH=tests .venv-vllm/bin/python tests/support/engines/vllm_sample.py MODEL_DIR IN.jsonl OUT.jsonl \\
+    PYTHONPATH=tests .venv-vllm/bin/python tests/support/engines/vllm_sample.py MODEL IN.jsonl OUT.jsonl \\
         --stop-id ID [--mla] [--temperature 1.0] [--top-p 0.95] [--seed 7] [--max-tokens 512] [--min-tokens 0]
 """
 
