@@ -66,8 +66,15 @@ $(SGLANG_STAMP): requirements-sglang-cpu.txt
 demo: install
 	$(BIN)/snakemake --workflow-profile profiles/local
 
-test: install cluster-plugins browser vllm-env sglang-env typecheck
-	$(BIN)/pytest --durations=15
+# CI's command. The environments do not depend on one another, so they install side by side (the sub-make's
+# jobs); the type check once they are all in place, so it never reads a venv pip is writing. Then the tests,
+# on two workers (one per core here; each module stays on one worker, its fixtures built once;
+# tests/conftest.py gives each worker its share of the cores), each held to its time budget
+# (tests/budget.py), every test's duration in the log (bench/ci_time.py reads them back).
+test:
+	$(MAKE) --jobs=4 cluster-plugins browser vllm-env sglang-env
+	$(MAKE) typecheck
+	$(BIN)/pytest -n 2 --dist loadfile --durations=0
 
 # The inner loop: everything but the end-to-end, Slurm, cluster-profile, real-vLLM and SGLang tests, two
 # workers (one per core here; most tests wait on a subprocess or a loopback server part of the time), under

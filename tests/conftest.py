@@ -32,6 +32,17 @@ def pytest_configure(config: pytest.Config) -> None:
         share_the_cores(int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
 
 
+HEAVY = ("slow", "vllm", "sglang", "slurm")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules with end-to-end or engine tests first. xdist (`--dist loadfile`) hands modules to its
+    workers in this order as they free up, so the short ones fill the gaps at the end instead of one long
+    module running alone on one core while the other waits."""
+    heavy = {item.path for item in items if any(item.get_closest_marker(name) for name in HEAVY)}
+    items.sort(key=lambda item: item.path not in heavy)
+
+
 def share_the_cores(worker: int, workers: int) -> None:
     """Each xdist worker computes on its own share of the cores, and so does what it starts (Snakemake jobs,
     the emulator, vLLM). OpenMP threads that outnumber the free cores wait for each other at every op:
