@@ -12,7 +12,8 @@ and the first misses; then, per answer-length bucket, what truly differs (the sp
 structure) against what the text-only rebuild labelled, and the share of output tokens the token stage
 would train on were the answers text only (as OpenRouter's are): before this project learned to keep
 answers that differ only in their split (every miss dropped) and now. Runs Snakemake on a scratch
-directory (`--keep DIR` to keep it); nothing under results/ is touched.
+directory (`--keep DIR` to keep it, and to reuse it: a second run with the same DIR buys nothing again and
+reruns only the stages whose code or settings changed); nothing under results/ is touched.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ def config(sets: list[str], args: argparse.Namespace, engine: bool) -> dict:
 
 
 def run(sets: list[str], args: argparse.Namespace, engine: bool, workdir: Path) -> dict[str, dict]:
-    """Each set's tokens.json and its answers (responses.jsonl), after the chain up to the token stage."""
-    workdir.mkdir(parents=True)
+    """Each set's tokens.json and its answers (responses.jsonl), after the chain up to the token stage; a
+    kept directory of an earlier run is brought up to date (only what changed reruns)."""
+    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.yaml").write_text(yaml.safe_dump(config(sets, args, engine)))
     targets = [f"results/{ds}/tokens.json" for ds in sets]
     # Targets first: the spend plan reads them from the command line.
