@@ -180,20 +180,27 @@ class TargetArchitecture:
     def engine_problems(self) -> list[str]:
         """Keys the serving engines (vLLM, SGLang) read with another default than what transformers
         computes, missing or set otherwise: each makes the engines run another model than the `hf` backend
-        and the drafter's training assume, without an error. Empty when they agree."""
+        and the drafter's training assume (mostly without an error), or refuse the checkpoint at load.
+        Empty when they agree."""
         if self.text_model_type not in DEEPSEEK_FAMILY:
             return []
         where = "text_config." if self.nested else ""
         text = self.text
         problems = []
         # transformers' DeepSeek-V3 always routes with sigmoid scores, a correction bias and group top-k.
+        # What vLLM does instead (its deepseek_v2.py): it scores with softmax, silently; and it builds the
+        # correction bias only for noaux_tc, so the bias the checkpoint holds stops its weight loading.
         expected = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
-        engine_default = {"scoring_func": "softmax", "topk_method": "none (no correction bias)"}
+        engine_instead = {
+            "scoring_func": "vLLM then scores the experts with softmax, without an error,",
+            "topk_method": "vLLM then builds no correction bias and fails loading the checkpoint's "
+            "(KeyError: '...mlp.gate.e_score_correction_bias'),",
+        }
         for key, value in expected.items():
             if text.get(key) != value:
                 problems.append(
-                    f"{where}{key} is {text.get(key)!r}: vLLM then uses {engine_default[key]} where "
-                    f'transformers uses {value!r}; set "{key}": "{value}" (DeepSeek-V3 and Kimi-K2.5 ship it)'
+                    f"{where}{key} is {text.get(key)!r}: {engine_instead[key]} where transformers uses "
+                    f'{value!r}; set "{key}": "{value}" (DeepSeek-V3 and Kimi-K2.5 ship it)'
                 )
         # Keys transformers fills with its own defaults when absent, and vLLM with others.
         for key in (
