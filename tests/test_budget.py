@@ -3,6 +3,7 @@ of tenths of a second so that it runs in seconds."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -59,11 +60,12 @@ def test_a_failing_test_over_its_budget():
 """
 
 
-def run_suite(tmp_path: Path, suite: str) -> subprocess.CompletedProcess:
+def run_suite(tmp_path: Path, suite: str, stretch: float = 1.0) -> subprocess.CompletedProcess:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_suite.py").write_text(textwrap.dedent(suite))
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "test_suite.py"]
-    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "TEST_BUDGET_STRETCH": str(stretch)}
+    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_a_test_or_shared_fixture_over_its_budget_fails_naming_it(tmp_path: Path) -> None:
@@ -77,6 +79,13 @@ def test_a_test_or_shared_fixture_over_its_budget_fails_naming_it(tmp_path: Path
     assert re.search(over, out)
     assert "FAILED test_suite.py::test_a_failing_test_over_its_budget - AssertionError" in out
     assert "3 failed, 1 passed in" in out
+
+
+def test_a_loaded_machine_stretches_every_budget(tmp_path: Path) -> None:
+    """Four times the load a machine of its own would have: what was over at 0.2 s and 0.1 s is within."""
+    out = run_suite(tmp_path, SUITE, stretch=4).stdout
+    assert "FAILED test_suite.py::test_a_failing_test_over_its_budget - AssertionError" in out, out
+    assert "1 failed, 3 passed in" in out, out
 
 
 def test_a_larger_budget_needs_a_reason(tmp_path: Path) -> None:
