@@ -17,6 +17,7 @@ rule all:
         expand(LAYOUT.hidden_done(), ds=DATASETS),
         LAYOUT.drafter_config,
         LAYOUT.drafter_weights,
+        LAYOUT.drafter_serving,
         LAYOUT.evaluation,
         [LAYOUT.figure(stem) for stem in FIGURES],
         # The drafter in speculators' format too, when asked (drafter.export_speculators).

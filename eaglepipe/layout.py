@@ -64,6 +64,10 @@ class RunLayout:
         return self.drafter / "README.md"
 
     @property
+    def drafter_target(self) -> Path:
+        return self.drafter / "target.json"
+
+    @property
     def train_report(self) -> Path:
         return self.drafter / "train.json"
 
@@ -90,6 +94,10 @@ class RunLayout:
     @property
     def speculators_weights(self) -> Path:
         return self.speculators / "model.safetensors"
+
+    @property
+    def speculators_target(self) -> Path:
+        return self.speculators / "target.json"
 
     @property
     def drafter_checkpoints(self) -> Path:

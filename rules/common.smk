@@ -84,6 +84,16 @@ def embedded_target():
     return [TARGET_DIR] if config["target"]["embedded"] else []
 
 
+def target_reference():
+    """How a serving node finds the target (eaglepipe.drafter.export.TargetReference): by `target.name`;
+    this node's path only as provenance; an embedded target was built here, so no hub has it."""
+    return {
+        "name": config["target"]["name"],
+        "path": str(Path(TARGET_DIR).resolve()),
+        "local_only": bool(config["target"]["embedded"]),
+    }
+
+
 def embedded_target_teacher():
     """The conversations a tiny embedded target is trained to answer (editing one rebuilds it)."""
     if config["target"]["embedded"] not in TINY_TARGETS:

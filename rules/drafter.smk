@@ -15,7 +15,6 @@ rule train_drafter:
             caption="../report/train_json.rst",
             category=REPORT_CATEGORY["drafter"],
         ),
-        serving=LAYOUT.drafter_serving,
         # The drafters kept along training (drafter.curve_points) for the learning curve; index.json only if 0.
         snapshots=directory(LAYOUT.snapshots),
     params:
@@ -40,6 +39,26 @@ rule train_drafter:
         "../envs/gpu.yaml"
     script:
         "../scripts/train_drafter.py"
+
+
+# 4a. How to carry the drafter to a serving node and serve it: its README and the target it was trained
+#     against, named as engines and hubs know it (target.name), not by this node's path.
+rule describe_drafter:
+    input:
+        config=LAYOUT.drafter_config,
+    output:
+        serving=LAYOUT.drafter_serving,
+        target=LAYOUT.drafter_target,
+    params:
+        target=target_reference(),
+        num_speculative_tokens=config["eval"]["num_steps"],
+    log:
+        LAYOUT.log("describe_drafter.log"),
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/describe_drafter.py"
 
 
 rule evaluate_drafter:
@@ -81,10 +100,12 @@ rule export_speculators:
     input:
         config=LAYOUT.drafter_config,
         weights=LAYOUT.drafter_weights,
+        target=LAYOUT.drafter_target,
         model=embedded_target(),
     output:
         config=LAYOUT.speculators_config,
         weights=LAYOUT.speculators_weights,
+        target=LAYOUT.speculators_target,
     params:
         drafter_dir=lambda wildcards, input: str(Path(input.config).parent),
         out_dir=lambda wildcards, output: str(Path(output.config).parent),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,9 +33,11 @@ from eaglepipe.drafter.evaluate import (
     untrained_like,
 )
 from eaglepipe.drafter.export import (
+    TargetReference,
     config_json,
     export_drafter,
     load_exported,
+    write_serving_readme,
 )
 from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
@@ -381,12 +384,55 @@ def test_training_reduces_the_loss_and_exports(trained, model_dir):
     assert report["steps"] == 12 and losses[-1] < 0.7 * losses[0]
     assert len(report["ttt_accuracy"]) == 3 and all(0 <= a <= 1 for a in report["ttt_accuracy"])
     assert report["held_out_prompt_ids"] == sorted(HELD_OUT) and report["train_samples"] == 6
-    assert {p.name for p in out_dir.iterdir()} == {"config.json", "model.safetensors", "README.md"}
-    readme = (out_dir / "README.md").read_text()
-    speculative = f'{{"method": "eagle3", "model": "{out_dir}", "num_speculative_tokens": 3}}'
-    assert f"vllm serve {model_dir} --speculative-config '{speculative}'" in readme
-    assert f"--model-path {model_dir} --speculative-algorithm EAGLE3" in readme
-    assert f"--speculative-draft-model-path {out_dir} --speculative-num-steps 3" in readme
+    assert {p.name for p in out_dir.iterdir()} == {"config.json", "model.safetensors"}
+
+
+def readme_commands(readme: str, **values: str) -> str:
+    """The README's shell blocks as one script, its placeholders (`NAME=/path/on/this/node/...`) set."""
+    blocks = readme.split("```")[1::2]
+    script = "\n".join(block.strip() for block in blocks)
+    for name, value in values.items():
+        script = re.sub(rf"^{name}=/path/on/this/node/.*$", f"{name}={value}", script, flags=re.M)
+    return script
+
+
+@pytest.mark.parametrize("local_only", [False, True])
+def test_serving_readme_names_the_target_and_its_commands_serve_the_moved_drafter(
+    model_dir, aux_layer_ids, tmp_path, local_only
+):
+    """The engines are given the target's name, never the training node's path, and the drafter wherever it
+    was copied: the README's commands, run by bash with the engines' commands recording their arguments."""
+    drafter_dir = tmp_path / "training-node" / "drafter"
+    export_drafter(random_drafter(model_dir, aux_layer_ids), drafter_dir)
+    config = json.loads((drafter_dir / "config.json").read_text())
+    target = TargetReference("org/target-model", str(model_dir), local_only)
+    write_serving_readme(drafter_dir / "README.md", config, target, num_steps=4)
+    readme = (drafter_dir / "README.md").read_text()
+    assert str(model_dir) not in readme.split("```", 1)[1]  # in the commands, the name only
+    assert ("copy that folder to the serving node too" in readme) is local_only
+
+    moved = tmp_path / "serving-node" / "drafters" / "kimi"
+    served_target = "/srv/models/target-model" if local_only else "org/target-model"
+    script = readme_commands(readme, DRAFTER=str(moved), TARGET=served_target)
+    recorder = (
+        'vllm() { printf "%s\\n" vllm "$@" > vllm.args; }\n'
+        'python() { printf "%s\\n" "$@" > sglang.args; }'
+    )
+    run = subprocess.run(
+        ["bash", "-euc", f"{recorder}\n{script}"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    vllm = (tmp_path / "vllm.args").read_text().splitlines()
+    assert vllm[:3] == ["vllm", "serve", served_target] and vllm[3] == "--speculative-config"
+    assert json.loads(vllm[4]) == {"method": "eagle3", "model": str(moved), "num_speculative_tokens": 4}
+    sglang = (tmp_path / "sglang.args").read_text().splitlines()
+    assert sglang[sglang.index("--model-path") + 1] == served_target
+    assert sglang[sglang.index("--speculative-draft-model-path") + 1] == str(moved)
+    assert sglang[sglang.index("--speculative-num-steps") + 1] == "4"
+    assert sglang[sglang.index("--speculative-num-draft-tokens") + 1] == "5"
+
+    target.write(drafter_dir / "target.json")
+    assert TargetReference.read(drafter_dir / "target.json") == target
 
 
 def test_export_layout_and_fused_reload_reproduce_logits(model_dir, aux_layer_ids, tmp_path):

@@ -32,7 +32,7 @@ def test_dry_run_plans_the_real_run_without_a_key(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert job_counts(run.stdout) == {
         "prompts": 8, "providers": 1, "generation_settings": 1, "generate": 8, "tokens": 8, "hidden": 8,
-        "train_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1,
+        "train_drafter": 1, "describe_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1,
     }
     assert "resources/prompts/B5.jsonl" in run.stdout and not (tmp_path / "results").exists()
 

@@ -7,13 +7,18 @@
 - the drafter exported for each target, trained on the target's own greedy continuations, is served by vLLM
   with `method: eagle3`: the same greedy tokens with and without it, fed the trained aux layers, with the
   verify steps and accepted drafts (many) of our own evaluation, prompt by prompt;
-- the same drafter in speculators' format loads with PyPI's speculators and serves alike.
+- the same drafter in speculators' format loads with PyPI's speculators and serves alike;
+- both exports name the target as hubs know it, so they load and serve from a copy in another folder, run
+  from another working directory, with the target resolved by that name (an offline Hugging Face cache),
+  not by the training node's path, which no exported file holds.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -22,10 +27,12 @@ import torch
 from budget import shared_budget
 from safetensors.torch import load_file, save_file
 from stage_settings import eval_settings, train_settings
+from support.hub_cache import serving_node_with
 from test_hidden import extract, settings
 from vllm_runs import run_vllm, vllm_python
 
 from eaglepipe.drafter.evaluate import evaluate
+from eaglepipe.drafter.export import TargetReference
 from eaglepipe.drafter.speculators import export_speculators
 from eaglepipe.drafter.train import train_drafter
 from eaglepipe.hidden.backends.hf import HFBackend
@@ -160,26 +167,48 @@ def served(request, tiny_targets, continuations, tmp_path_factory) -> dict:
         prompts,
         eval_settings(num_steps=NUM_STEPS, num_draft_tokens=NUM_STEPS + 1, max_new_tokens=MAX_NEW_TOKENS),
     )
+    # Exported by the target's hub name (the training node's path only as provenance), then carried to a
+    # "serving node": another folder, another working directory, the target found by that name in a
+    # Hugging Face cache with no network, as after a download. Every run below is from there.
+    hub_name = f"eaglepipe-tests/{name}"
+    reference = TargetReference(hub_name, str(target), local_only=False)
     speculators_dir = work / "speculators"
     export_speculators(
         drafter,
         speculators_dir,
-        verifier=str(target),
+        target=reference,
         verifier_architectures=[TargetArchitecture.from_dir(target).architecture],
         num_speculative_tokens=NUM_STEPS,
     )
+    node = work / "serving-node"
+    for folder in (drafter, speculators_dir):
+        shutil.copytree(folder, node / "drafters" / folder.name, ignore=shutil.ignore_patterns("snapshots"))
+    exported = [path for path in (node / "drafters").rglob("*") if path.is_file()]
+    assert not [path for path in exported if str(target).encode() in path.read_bytes()]
+    hub = serving_node_with(target, hub_name, node / "hf-home")
     runs = run_vllm(
         target,
         prompts,
         work / "runs",
-        {"plain": None, "speculative": drafter, "speculators": speculators_dir},
+        {"plain": None, "speculative": node / "drafters" / drafter.name},
+        alone={"speculators": node / "drafters" / speculators_dir.name},
         max_tokens=MAX_NEW_TOKENS,
         num_steps=NUM_STEPS,
+        served_as=hub_name,
+        node=hub,
+        cwd=node,
     )
     (plain, _), (speculative, log) = runs["plain"], runs["speculative"]
     as_speculators, _ = runs["speculators"]
-    check = [str(vllm_python()), str(REPO / "tests" / "speculators_check.py"), str(speculators_dir)]
-    run = subprocess.run([*check, str(work / "facts.json")], capture_output=True, text=True, timeout=600)
+    check = [str(vllm_python()), str(REPO / "tests" / "speculators_check.py"), "drafters/speculators"]
+    run = subprocess.run(
+        [*check, str(work / "facts.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=node,
+        env={**os.environ, **hub},
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     return {
         "name": name,
@@ -230,6 +259,7 @@ def test_speculators_and_vllm_read_the_speculators_export_as_the_trained_drafter
     facts = served["speculators_facts"]
     ours = facts["speculators"]
     assert ours["tensors_not_loaded"] == [] and ours["verifier_lm_head_loaded"]
+    assert ours["verifier"] == f"eaglepipe-tests/{served['name']}"  # its hub name, found in the cache
     assert ours["norm_before_residual"] is False and facts["vllm"]["norm_before_residual"] is False
     assert ours["eagle_aux_hidden_state_layer_ids"] == trained["eagle_aux_hidden_state_layer_ids"]
     assert facts["vllm"]["eagle_aux_hidden_state_layer_ids"] == trained["eagle_aux_hidden_state_layer_ids"]

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 # What the real config plans on a fresh clone (tests/test_dryrun.py checks the same table there).
 REAL_FRESH_PLAN = {"prompts": 8, "providers": 1, "generation_settings": 1, "generate": 8, "tokens": 8,
-                   "hidden": 8, "train_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1}
+                   "hidden": 8, "train_drafter": 1, "describe_drafter": 1, "evaluate_drafter": 1,
+                   "figures": 1, "all": 1}
 
 
 def real_dry_run(workdir, *args):
@@ -39,7 +40,7 @@ def test_every_artifact_exists(tiny_pipeline):
         manifest = json.loads((results / ds / "hidden.done").read_text())
         assert manifest["num_samples"] == len(PROMPTS[ds])
         assert all((results / ds / s["path"]).is_file() for s in manifest["shards"])
-    for name in ("config.json", "model.safetensors", "train.json", "eval.json", "README.md"):
+    for name in ("config.json", "model.safetensors", "train.json", "eval.json", "README.md", "target.json"):
         assert (results / "drafter" / name).is_file()
     assert json.loads((results / "drafter" / "config.json").read_text())["architectures"] == [
         "LlamaForCausalLMEagle3"
@@ -112,7 +113,7 @@ def test_real_config_files_change_nothing_the_embedded_run_plans(tiny_pipeline):
     endpoint = {"tag": "x/int4", "provider_name": "X", "pricing": {"prompt": "1e-6", "completion": "3e-6"}}
     (real / "providers.json").write_text(json.dumps({"model": "moonshotai/kimi-k2.5", "kept": [endpoint]}))
     (real / "drafter").mkdir()
-    for name in ("config.json", "model.safetensors", "train.json", "eval.json", "README.md"):
+    for name in ("config.json", "model.safetensors", "train.json", "eval.json", "README.md", "target.json"):
         (real / "drafter" / name).write_text("{}")
     (real / "B1").mkdir()
     for name in ("responses.jsonl", "tokens.safetensors", "tokens.json", "hidden.done"):
@@ -126,8 +127,8 @@ def test_real_config_files_change_nothing_the_embedded_run_plans(tiny_pipeline):
         assert "budget.usd $100.00: $12.5000 spent so far" in seen.stderr
         # B1 and providers.json count as done; the drafter needs every set, so it is planned anyway.
         assert planned_jobs(seen) == {"prompts": 7, "generation_settings": 1, "generate": 7, "tokens": 7,
-                                      "hidden": 7, "train_drafter": 1, "evaluate_drafter": 1, "figures": 1,
-                                      "all": 1}
+                                      "hidden": 7, "train_drafter": 1, "describe_drafter": 1,
+                                      "evaluate_drafter": 1, "figures": 1, "all": 1}
     finally:
         for name in (".ledger", "providers.json", "drafter", "B1"):
             path = real / name
@@ -147,7 +148,7 @@ def test_editing_one_prompt_file_reruns_only_its_chain(tiny_pipeline):
     try:
         jobs = planned_jobs(snakemake(tiny_pipeline, "-n"))
         assert jobs == {"prompts": 1, "generate": 1, "tokens": 1, "hidden": 1, "train_drafter": 1,
-                        "evaluate_drafter": 1, "figures": 1, "all": 1}
+                        "describe_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1}
     finally:  # the run is shared with other modules: leave it as it was
         source.write_text(original)
         os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))

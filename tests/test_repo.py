@@ -52,7 +52,7 @@ def test_installed_versions_are_the_pinned_ones():
 def test_every_rule_names_its_conda_env_and_log():
     rules = "".join(p.read_text() for p in (REPO / "rules").glob("*.smk"))
     count = len(re.findall(r"^\s*rule \w+:", rules, re.M))
-    assert count == 14
+    assert count == 15
     assert len(re.findall(r"^\s*conda:", rules, re.M)) == len(re.findall(r"^\s*log:", rules, re.M)) == count
 
 

@@ -26,7 +26,8 @@ PROMPTS = {
 
 # The jobs a full run of the tiny config plans, however it is executed (locally, on Slurm, on Kubernetes).
 TINY_FULL_PLAN = {"prompts": 2, "providers": 1, "generation_settings": 1, "generate": 2, "tokens": 2,
-                  "hidden": 2, "train_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1}
+                  "hidden": 2, "train_drafter": 1, "describe_drafter": 1, "evaluate_drafter": 1, "figures": 1,
+                  "all": 1}
 
 
 def tiny_config(model_dir: Path) -> dict:

@@ -100,7 +100,8 @@ def main() -> None:
         "--runs",
         required=True,
         type=json.loads,
-        help='JSON list of {"out": report file, "drafter": an exported EAGLE-3 drafter directory or null}',
+        help='JSON list of {"out": report file, "drafter": an exported EAGLE-3 drafter directory or null}, or'
+        ' {"out", "alone": a speculators-format folder, served by itself as `vllm serve FOLDER` serves it}',
     )
     parser.add_argument("--num-speculative-tokens", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, required=True)
@@ -131,7 +132,8 @@ def main() -> None:
                 "num_speculative_tokens": args.num_speculative_tokens,
             }
         llm = LLM(
-            model=args.target,
+            # A speculators-format folder alone: vLLM reads the verifier's name from its config.
+            model=run.get("alone") or args.target,
             dtype="float32",
             enforce_eager=True,
             max_model_len=args.max_model_len,
@@ -142,7 +144,8 @@ def main() -> None:
             distributed_executor_backend="uni",
             **engine,
         )
-        report = generate(llm, prompts, args.max_tokens, speculative_config is not None)
+        speculative = speculative_config is not None or bool(run.get("alone"))
+        report = generate(llm, prompts, args.max_tokens, speculative)
         Path(run["out"]).write_text(json.dumps(report))
         llm.llm_engine.engine_core.shutdown()  # frees the KV cache before the next run's engine takes its own
         del llm

@@ -31,19 +31,27 @@ def run_vllm(
     *,
     max_tokens: int,
     num_steps: int,
+    served_as: str | None = None,
+    alone: dict[str, Path] | None = None,
+    node: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> dict[str, tuple[dict, str]]:
-    """{name: (its report, vLLM's log while it ran)} for each of `drafters` (None: the target alone), in one
-    vLLM process, in that order."""
+    """{name: (its report, vLLM's log while it ran)} for each of `drafters` (None: the target alone), then
+    each of `alone` (a speculators-format folder served by itself: vLLM takes the verifier from its
+    config), in one vLLM process, in that order. vLLM gets the target as `served_as` (a hub name; default
+    its path), in `node`'s environment (tests/support/hub_cache.py) and working directory `cwd`."""
     architecture = TargetArchitecture.from_dir(target)
     work.mkdir(parents=True, exist_ok=True)
     (work / "prompts.json").write_text(json.dumps(prompts))
-    outs = {name: work / f"{name}.json" for name in drafters}
+    alone = alone or {}
+    outs = {name: work / f"{name}.json" for name in [*drafters, *alone]}
     runs = [{"out": str(outs[name]), "drafter": str(d) if d else None} for name, d in drafters.items()]
+    runs += [{"out": str(outs[name]), "drafter": None, "alone": str(path)} for name, path in alone.items()]
     command = [
         str(vllm_python()),
         str(REPO / "tests" / "vllm_drafter.py"),
         "--target",
-        str(target),
+        served_as or str(target),
         "--prompts",
         str(work / "prompts.json"),
         "--runs",
@@ -53,7 +61,7 @@ def run_vllm(
         "--num-speculative-tokens",
         str(num_steps),
     ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", **(node or {})}
     if architecture.uses_mla:
         command.append("--mla")
         env["EAGLEPIPE_TEST_CPU_ATTN_BLOCK16"] = "1"  # a drafter beside CPU MLA: tests/vllm_cpu_block16
@@ -61,14 +69,14 @@ def run_vllm(
         command.append("--language-model-only")
     # One stream, so that each run's marker stands where vLLM's log lines of that run begin.
     run = subprocess.run(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, env=env
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900, env=env, cwd=cwd
     )
     assert run.returncode == 0, run.stdout[-4000:]
-    logs = dict.fromkeys(drafters, "")
+    logs = dict.fromkeys(outs, "")
     current = None
     for line in run.stdout.splitlines(keepends=True):
         if line.startswith(MARK):
             current = next(name for name, out in outs.items() if str(out) == line[len(MARK) :].strip())
         elif current is not None:
             logs[current] += line
-    return {name: (json.loads(outs[name].read_text()), logs[name]) for name in drafters}
+    return {name: (json.loads(outs[name].read_text()), logs[name]) for name in outs}

@@ -8,6 +8,7 @@ round trip that reproduces the logits shows the served layout computes what was 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,34 +75,84 @@ def export_drafter(model: Eagle3Drafter, out_dir: Path) -> None:
     write_json(out_dir / "config.json", config_json(model.config))
 
 
-def write_serving_readme(out_dir: Path, target: str, *, num_steps: int = 3) -> None:
-    """README.md beside the checkpoint: the exact commands that serve it with its target (vLLM, SGLang)."""
-    out_dir = Path(out_dir)
-    config = json.loads((out_dir / "config.json").read_text())
+@dataclass(frozen=True)
+class TargetReference:
+    """How a serving node finds the drafter's target. A drafter is trained on one machine and served on
+    another, so the engines get `name` (a hub id, or whatever the serving node resolves: a name in its
+    Hugging Face cache, a path there); the training node's `path` is provenance only. `local_only`: the
+    target was built on the training node (an embedded one), so no hub has it under `name`: carry it."""
+
+    name: str
+    path: str
+    local_only: bool
+
+    def write(self, path: Path) -> None:
+        write_json(path, {"name": self.name, "trained_with": self.path, "local_only": self.local_only})
+
+    @classmethod
+    def read(cls, path: Path) -> TargetReference:
+        try:
+            record = json.loads(path.read_text())
+            return cls(record["name"], record["trained_with"], record["local_only"])
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+            raise DrafterError(
+                f"{path}: cannot read the drafter's target ({err}): export the drafter again"
+            ) from None
+
+
+def write_serving_readme(
+    path: Path, drafter_config: dict[str, Any], target: TargetReference, *, num_steps: int
+) -> None:
+    """The README beside the checkpoint: how to carry it to a serving node and serve it with its target
+    (vLLM, SGLang), by the target's name, never by a path of the training node."""
+    config = drafter_config
     layers = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     vllm_layers = config["eagle_aux_hidden_state_layer_ids"]
-    speculative = json.dumps({"method": "eagle3", "model": str(out_dir), "num_speculative_tokens": num_steps})
-    text = f"""# EAGLE-3 drafter for `{target}`
+    speculative = (
+        f'{{\\"method\\": \\"eagle3\\", \\"model\\": \\"$DRAFTER\\", '
+        f'\\"num_speculative_tokens\\": {num_steps}}}'
+    )
+    if target.local_only:
+        where = (
+            f"`{target.name}` was built on the training node ({target.path}): the engines need those\n"
+            "very files, not a hub's, so copy that folder to the serving node too and set TARGET to its path."
+        )
+        name = "/path/on/this/node/to/the/target"
+    else:
+        where = (
+            f"The engines resolve `{target.name}` as usual (the Hugging Face hub, or this node's cache of\n"
+            "it with HF_HUB_OFFLINE=1); to serve a local copy instead, set TARGET to its path."
+        )
+        name = target.name
+    text = f"""# EAGLE-3 drafter for `{target.name}`
 
 `config.json` and `model.safetensors` ({ARCHITECTURE}; the server takes the embedding from the target).
 Aux layers: outputs of target layers {layers}, written as `eagle_config.eagle_aux_hidden_state_layer_ids`
 {layers} (SGLang, SpecForge) and top-level `eagle_aux_hidden_state_layer_ids` {vllm_layers} (vLLM's
-input-of-layer ids). Run these from the pipeline's working directory; `eval.json` beside this file
-has the acceptance measured with {num_steps} draft tokens per step.
+input-of-layer ids). `eval.json` beside this file has the acceptance measured with {num_steps} draft
+tokens per step; `target.json` names the target it was trained against.
+
+To serve it elsewhere, copy this folder (`config.json` and `model.safetensors` are all the engines read)
+to the serving node. {where}
+
+```
+DRAFTER=/path/on/this/node/to/this/folder
+TARGET={name}
+```
 
 vLLM:
 ```
-vllm serve {target} --speculative-config '{speculative}'
+vllm serve "$TARGET" --speculative-config "{speculative}"
 ```
 
 SGLang:
 ```
-python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\
-  --speculative-draft-model-path {out_dir} --speculative-num-steps {num_steps} \\
+python -m sglang.launch_server --model-path "$TARGET" --speculative-algorithm EAGLE3 \\
+  --speculative-draft-model-path "$DRAFTER" --speculative-num-steps {num_steps} \\
   --speculative-eagle-topk 1 --speculative-num-draft-tokens {num_steps + 1}
 ```
 """
-    atomic_write(out_dir / "README.md", lambda tmp: tmp.write_text(text))
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def load_exported(drafter_dir: Path, target_dir: Path, *, dtype: str = "float32") -> Eagle3Drafter:

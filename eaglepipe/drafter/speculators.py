@@ -1,9 +1,10 @@
 """The exported drafter rewritten in vLLM speculators' own Eagle3 format (`drafter/speculators/`).
 
 vLLM detects that format natively: a config.json without `model_type` but with `speculators_model_type` and a
-`speculators_config` naming the verifier. The weights are the same tensors (`midlayer.` becomes `layers.0.`).
-`norm_before_residual` is written explicitly: our layer takes the residual before `hidden_norm`, and vLLM
-assumes the other order when the key is absent, which is a different model with no error.
+`speculators_config` naming the verifier (by the target's name: see `TargetReference`). The weights are the
+same tensors (`midlayer.` becomes `layers.0.`). `norm_before_residual` is written explicitly: our layer
+takes the residual before `hidden_norm`, and vLLM assumes the other order when the key is absent, which is
+a different model with no error.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eaglepipe.drafter import DrafterError
-from eaglepipe.drafter.export import ARCHITECTURE
+from eaglepipe.drafter.export import ARCHITECTURE, TargetReference
 from eaglepipe.io import atomic_write, write_json
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release the format was checked against (tests)
@@ -72,11 +73,13 @@ def export_speculators(
     drafter_dir: Path,
     out_dir: Path,
     *,
-    verifier: str,
+    target: TargetReference,
     verifier_architectures: list[str],
     num_speculative_tokens: int,
 ) -> None:
-    """Write `out_dir/config.json` and `model.safetensors` from the drafter exported in `drafter_dir`."""
+    """Write `out_dir/config.json` and `model.safetensors` from the drafter exported in `drafter_dir`. The
+    verifier is the target's name: vLLM serves this folder alone (`vllm serve DIR` takes the verifier from
+    the config), so a training node's path there would break it anywhere else."""
     drafter_dir, out_dir = Path(drafter_dir), Path(out_dir)
     try:
         exported = json.loads((drafter_dir / "config.json").read_text())
@@ -96,7 +99,7 @@ def export_speculators(
         renamed = {name.replace("midlayer.", "layers.0.", 1): tensors.get_tensor(name) for name in names}
     config = speculators_config(
         exported,
-        verifier=verifier,
+        verifier=target.name,
         verifier_architectures=verifier_architectures,
         num_speculative_tokens=num_speculative_tokens,
     )

@@ -33,7 +33,7 @@ from eaglepipe.drafter.checkpoint import (
     training_fingerprint,
 )
 from eaglepipe.drafter.data import SampleRef, TrainingSample, load_samples, open_hidden_data
-from eaglepipe.drafter.export import export_drafter, write_serving_readme
+from eaglepipe.drafter.export import export_drafter
 from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.vocab import build_draft_vocab
@@ -164,7 +164,6 @@ def train_drafter(
     ranks = DataParallel.current()
     if ranks.rank == 0:  # every rank holds the same weights
         export_drafter(drafter.cpu(), out_dir)
-        write_serving_readme(out_dir, str(target_dir))
         snapshots.publish(len(progress.losses), progress.tokens_seen)
         remove_checkpoint(checkpoint_dir)
     correct, counted = (torch.stack(column).sum(0) for column in zip(*progress.window, strict=True))
