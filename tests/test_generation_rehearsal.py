@@ -245,6 +245,41 @@ def test_ctrl_c_ends_the_job_with_one_line_and_a_rerun_buys_only_the_rest(tmp_pa
         assert run.stats()["requests_received"] - at_stop["requests_received"] == prompts - journaled
 
 
+def test_ctrl_c_as_a_set_writes_its_answers_then_the_same_command_goes_on(tmp_path: Path) -> None:
+    """The moment a set's responses.jsonl is written and its job has not yet ended, Snakemake still marks
+    the file incomplete: a Ctrl-C there used to make the same command refuse (IncompleteFilesException).
+    The workflow's default profile (profiles/default, read by a plain `snakemake`) reruns such a job, and
+    the rerun resumes from the journal: nothing bought again."""
+    prompts = 300
+    with rig(tmp_path, "--tokens-per-s", "400", "--latency-s", "0.05", "--mean-tokens", "20") as run:
+        run.configure(
+            {"written": prompts},
+            generation={"concurrency": 100, "max_tokens": 60},
+            budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
+        )
+        answers = run.workdir / "results" / "written" / "responses.jsonl"
+        process = subprocess.Popen(
+            run.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run.env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 120
+        while not answers.exists():
+            assert process.poll() is None, "snakemake ended before its answers were written"
+            assert time.monotonic() < deadline, f"never wrote the answers: {run.stats()}"
+            time.sleep(0.002)
+        os.killpg(process.pid, signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+        marked = list((run.workdir / ".snakemake" / "incomplete").rglob("*"))
+        assert process.returncode != 0 and marked, "the Ctrl-C missed the moment:\n" + output[-3000:]
+        bought = run.stats()["requests_received"]
+
+        rerun = run.snakemake()
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert "IncompleteFilesException" not in rerun.stderr
+        assert len({record["prompt_id"] for record in run.responses("written")}) == prompts
+        assert run.stats()["requests_received"] == bought
+
+
 def test_answers_cut_by_a_kill_are_journaled_from_stored_content_not_bought_again(tmp_path: Path) -> None:
     """The account stores content; the provider runs out every stream the kill cut and bills it. The
     rerun's start finds them in `/generation`, journals their stored text (`recovered_content`) and buys
