@@ -1,58 +1,11 @@
-"""Kimi-K2.5's config.json as the real checkpoint has it, for config-level checks (no weights). Shapes from
-Moonshot's model files (../shared/facts/kimi-k2.5.md): 61 layers (the first dense), hidden 7168, MLA with 64
-heads, 384 routed experts (8 per token) and a shared one, vocab 163,840."""
+"""Kimi-K2.5's config.json as the real checkpoint has it, for config-level checks (no weights): the copy the
+package ships for the spend plan (eaglepipe/target/published/).
+Shapes from Moonshot's model files: 61 layers (the first dense), hidden 7168, MLA with 64 heads, 384 routed
+experts (8 per token) and a shared one, vocab 163,840."""
 
-KIMI_K25_TEXT = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "kimi_k2",
-    "vocab_size": 163840,
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_hidden_layers": 61,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 64,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "n_routed_experts": 384,
-    "num_experts_per_tok": 8,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
-    "moe_layer_freq": 1,
-    "n_group": 1,
-    "topk_group": 1,
-    "topk_method": "noaux_tc",
-    "scoring_func": "sigmoid",
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 2.827,
-    "num_nextn_predict_layers": 0,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 262144,
-    "rope_theta": 50000.0,
-    "rope_scaling": {
-        "type": "yarn",
-        "factor": 64.0,
-        "original_max_position_embeddings": 4096,
-        "beta_fast": 1.0,
-        "beta_slow": 1.0,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    },
-    "tie_word_embeddings": False,
-    "bos_token_id": 163584,
-    "eos_token_id": 163585,
-    "pad_token_id": 163839,
-    "torch_dtype": "bfloat16",
-}
-KIMI_K25 = {
-    "architectures": ["KimiK25ForConditionalGeneration"],
-    "model_type": "kimi_k25",
-    "text_config": KIMI_K25_TEXT,
-    "vision_config": {"model_type": "kimi_k25_vision", "hidden_size": 1152, "num_hidden_layers": 27},
-    "media_placeholder_token_id": 163605,
-    "torch_dtype": "bfloat16",
-}
+import json
+
+from eaglepipe.target.architecture import published_config_dir
+
+KIMI_K25 = json.loads((published_config_dir("moonshotai/Kimi-K2.5") / "config.json").read_text())
+KIMI_K25_TEXT = KIMI_K25["text_config"]

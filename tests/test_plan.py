@@ -258,6 +258,43 @@ def test_the_plan_tells_time_from_the_rates_it_names(tmp_path):
     assert "GPU-hours" in text and "on 2 GPU(s) (hidden.gpus)" in text
     assert "(the target's config.json)" in text
     assert "time, training: about" in text and "on 1 GPU(s) (drafter.gpus)" in text
+    assert "plus loading the target in each of 1 jobs (unknown until" in text
+
+
+def test_each_hidden_job_adds_loading_the_target_at_the_rate_it_names(tmp_path):
+    """A 1T-parameter target takes minutes to load, once per set's job: the plan counts it from the
+    checkpoint's bytes on disk (sparse files here: nothing is written)."""
+    config = make_config(tmp_path, ["A", "B"], budget={"usd": 1000}, plan={"load_gb_per_s": 2})
+    for ds in ("A", "B"):
+        write_prompts(tmp_path, ds, 4)
+    write_providers(tmp_path)
+    kimi_like_target(tmp_path / "target")
+    for shard in ("model-1.safetensors", "model-2.safetensors"):
+        with (tmp_path / "target" / shard).open("wb") as out:
+            out.truncate(300 * 10**9)  # a 600 GB checkpoint, as Kimi-K2.5's INT4 one
+
+    text = format_plan(plan_of(tmp_path, config))
+
+    loading = "loading the target in each of 2 jobs: 5 min each at 2 GB/s (plan.load_gb_per_s), 10 min in all"
+    assert loading in text
+
+
+def test_before_the_download_the_targets_published_config_sizes_the_drafter(tmp_path):
+    """The real run's target (moonshotai/Kimi-K2.5) is not at target.path before the download: the plan
+    sizes the shards, the active parameters and the draft layer from the config the package keeps."""
+    config = make_config(tmp_path, ["A"], budget={"usd": 1000})
+    config["target"] = {"name": "moonshotai/Kimi-K2.5", "path": str(tmp_path / "not-downloaded")}
+    write_prompts(tmp_path, "A", 4)
+    write_providers(tmp_path)
+
+    plan = plan_of(tmp_path, config)
+
+    text = format_plan(plan)
+    assert plan.hidden_size == 7168 and plan.hours.drafter_parameters == pytest.approx(1.19e9, rel=0.01)
+    assert plan.hours.active_parameters == pytest.approx(31.7e9, rel=0.01)  # Moonshot: 32B active
+    published = "moonshotai/Kimi-K2.5's published config.json, until"
+    assert "x 1.2B draft parameters x drafter.ttt_length" in text and f"(from {published}" in text
+    assert "unknown until" in text.split("time, hidden states:")[1]  # the load: no weights yet
 
 
 @pytest.mark.parametrize(

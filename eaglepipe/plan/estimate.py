@@ -23,7 +23,7 @@ from eaglepipe.openrouter.routing import dearest_price
 from eaglepipe.plan.hours import plan_hours
 from eaglepipe.plan.model import UNKNOWN, Prices, SetPlan, SpendPlan
 from eaglepipe.prompts.size import prompt_json_bytes
-from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
+from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError, published_config_dir
 from eaglepipe.tokens.token_file import token_file_counts
 
 if TYPE_CHECKING:
@@ -68,9 +68,9 @@ def spend_plan(
     builds of them (SpendPlan.goal)."""
     target_dir = Path(config["target"]["path"])
     prices = dearest_prices(layout.providers, config["api"]["model"]) or configured_prices(config)
-    architecture = target_architecture(target_dir)
+    architecture, geometry_source = target_geometry(config["target"])
     hidden_size = None if architecture is None else architecture.hidden_size
-    hidden_size_source = "the target's config.json"
+    hidden_size_source = geometry_source
     if hidden_size is None and config["target"].get("hidden_size"):
         # Before the target is downloaded, the width the config states sizes the shards.
         hidden_size, hidden_size_source = config["target"]["hidden_size"], "target.hidden_size"
@@ -112,7 +112,15 @@ def spend_plan(
         policy=dollars.policy,
         share_usd=dollars.set_usd,
         goal=goal,
-        hours=plan_hours(config, architecture, output_tokens, hidden_tokens, train_tokens),
+        hours=plan_hours(
+            config,
+            architecture,
+            geometry_source,
+            checkpoint_bytes(target_dir),
+            output_tokens,
+            hidden_tokens,
+            train_tokens,
+        ),
         measured_yield=measured_yield,
         yield_sets=yield_sets,
     )
@@ -165,6 +173,24 @@ def target_hidden_size(target_dir: Path) -> int | None:
     """From the target's config.json, once it is there (`architecture.TargetArchitecture`)."""
     architecture = target_architecture(target_dir)
     return None if architecture is None else architecture.hidden_size
+
+
+def target_geometry(target: dict[str, Any]) -> tuple[TargetArchitecture | None, str]:
+    """The target's shapes and where they come from: its own config.json once it is at `target.path`,
+    before that the published copy the package keeps for `target.name`; (None, "") without either."""
+    own = target_architecture(Path(target["path"]))
+    if own is not None:
+        return own, "the target's config.json"
+    published = target_architecture(published_config_dir(target["name"]))
+    if published is None:
+        return None, ""
+    return published, f"{target['name']}'s published config.json, until {target['path']} has its own"
+
+
+def checkpoint_bytes(target_dir: Path) -> int | None:
+    """The target's weights on disk (its safetensors files), or None before they are there."""
+    files = list(target_dir.glob("*.safetensors")) if target_dir.is_dir() else []
+    return sum(path.stat().st_size for path in files) if files else None
 
 
 def target_architecture(target_dir: Path) -> TargetArchitecture | None:

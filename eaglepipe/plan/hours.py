@@ -22,6 +22,9 @@ class Hours:
     tokens_per_s_per_request: float
     concurrency: int
     hidden_gpu_h: float | None
+    # Loading the target's weights, once per hidden-state job (one per set); None before they are there.
+    load_s_per_job: float | None
+    load_gb_per_s: float
     train_gpu_h: float | None
     hidden_gpus: int
     train_gpus: int
@@ -37,19 +40,23 @@ class Hours:
 def plan_hours(
     config: dict[str, Any],
     architecture: TargetArchitecture | None,
+    geometry_source: str,
+    weights_bytes: int | None,
     output_tokens: int | None,
     hidden_tokens: int | None,
     train_tokens: int | None,
 ) -> Hours:
-    """`output_tokens`: what generation still buys through OpenRouter; `hidden_tokens`: what the hidden
-    stage still reads; `train_tokens`: what training reads, every set's."""
+    """`architecture`: the target's shapes, from `geometry_source`; `weights_bytes`: the target's
+    checkpoint on disk, None before it is downloaded; `output_tokens`: what generation still
+    buys through OpenRouter; `hidden_tokens`: what the hidden stage still reads; `train_tokens`: what
+    training reads, every set's."""
     plan = config["plan"]
     rate, concurrency = plan["tokens_per_s_per_request"], config["generation"]["concurrency"]
     generation_s = None if output_tokens is None else output_tokens / (rate * concurrency)
     active, source, drafter = None, "", None
     if architecture is not None:
         try:
-            active, source = active_parameters(architecture), "the target's config.json"
+            active, source = active_parameters(architecture), geometry_source
             drafter = drafter_parameters(architecture, config["drafter"])
         except (TargetConfigError, KeyError, TypeError, ValueError):  # a config.json the plan cannot size
             active, source, drafter = None, "", None
@@ -67,6 +74,8 @@ def plan_hours(
         tokens_per_s_per_request=rate,
         concurrency=concurrency,
         hidden_gpu_h=hidden_gpu_h,
+        load_s_per_job=None if weights_bytes is None else weights_bytes / (plan["load_gb_per_s"] * 1e9),
+        load_gb_per_s=plan["load_gb_per_s"],
         train_gpu_h=train_gpu_h,
         hidden_gpus=max(config["hidden"]["gpus"], 1),
         train_gpus=max(config["drafter"]["gpus"], 1),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from eaglepipe.hidden.storage import BYTES_PER_VALUE, STORED_LAYERS
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.plan.estimate import BYTES_PER_TOKEN, shard_bytes_per_token
+from eaglepipe.plan.hours import Hours
 from eaglepipe.plan.model import UNKNOWN, SetPlan, SpendPlan
 
 HEADER = "eaglepipe spend plan (no request sent, no key read; the same plan prints before a real run spends)"
@@ -250,22 +252,37 @@ def _hour_lines(plan: SpendPlan) -> list[str]:
                          "demo's times are in the README")
         else:
             lines.append(f"time, generation: {took} at {rate}; rate limits and retries only add to it")
-    if plan.goal in ("drafter", "hidden states") and any(item.status != "done" for item in plan.sets):
+    left = [item for item in plan.sets if item.status != "done"]
+    if plan.goal in ("drafter", "hidden states") and left:
         lines.append("time, hidden states: " + _gpu_hours(
             hours.hidden_gpu_h, hours.hidden_gpus, "hidden.gpus", hours.hidden_on_cpu, "hidden.device",
             f"2 FLOPs per token x {_params(hours.active_parameters)} active parameters "
             f"({hours.active_parameters_source or 'unknown: set target.active_parameters'})",
             hours.gpu_tflops,
-        ))
+        ) + ("" if hours.hidden_on_cpu else _loading(hours, len(left), plan.target_dir)))
     if plan.goal == "drafter":
         lines.append("time, training: " + _gpu_hours(
             hours.train_gpu_h, hours.train_gpus, "drafter.gpus", hours.train_on_cpu, "drafter.device",
             f"6 FLOPs per token x {_params(hours.drafter_parameters)} draft parameters x drafter.ttt_length, "
             "x drafter.epochs, plus the target's LM head"
-            + ("" if hours.drafter_parameters else f" (unknown until {plan.target_dir}/config.json exists)"),
+            + (
+                f" (from {hours.active_parameters_source})"
+                if hours.drafter_parameters
+                else f" (unknown until {plan.target_dir}/config.json exists)"
+            ),
             hours.gpu_tflops,
         ))
     return lines
+
+
+def _loading(hours: Hours, jobs: int, target_dir: Path) -> str:
+    """Each set's hidden-state job loads the whole target first: for a 1T-parameter model, minutes a job."""
+    if hours.load_s_per_job is None:
+        return f"; plus loading the target in each of {jobs} jobs (unknown until {target_dir} has it)"
+    return (
+        f"; plus loading the target in each of {jobs} jobs: {_duration(hours.load_s_per_job)} each at "
+        f"{hours.load_gb_per_s:g} GB/s (plan.load_gb_per_s), {_duration(hours.load_s_per_job * jobs)} in all"
+    )
 
 
 def _gpu_hours(gpu_h: float | None, gpus: int, gpus_key: str, on_cpu: bool, device_key: str, flops: str,

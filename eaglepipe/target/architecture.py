@@ -20,6 +20,17 @@ NESTED_TEXT_WEIGHTS = {"kimi_k25": "language_model."}
 DEEPSEEK_FAMILY = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
 
 
+# Published config.json files of targets, by hub name (`published/ORG/NAME/config.json`).
+PUBLISHED = Path(__file__).resolve().parent / "published"
+
+
+def published_config_dir(name: str) -> Path:
+    """Where the package keeps the published config.json of the target named `name` (a hub id): the spend
+    plan sizes the drafter, the shards and the GPU hours from it before the target is downloaded. Add one
+    for another target as `published/ORG/NAME/config.json`."""
+    return PUBLISHED / name
+
+
 class TargetConfigError(ValueError):
     """A target config.json a stage cannot use as it is: one line naming the file and key."""
 
