@@ -520,6 +520,16 @@ def test_the_demos_plan_before_and_after_its_target_exists(tmp_path, model_dir, 
     in_short = text.splitlines()[-1]
     assert in_short.startswith("In short (the emulator's dollars; nothing real is bought): $1.00 buys ")
     assert in_short.endswith(", then a drafter trained on them.")
+    assert "nothing is bought; 'unknown' only means the demo's prompt sets are not built yet." in text
+
+    # Once they are built, no figure is unknown for that reason, and the sentence goes.
+    for ds, source in config["sources"].items():
+        lines = Path(source["path"]).read_text().splitlines()
+        write_lines(layout.prompt_set(ds), [
+            {"id": f"{ds}-{i}", **json.loads(line)} for i, line in enumerate(lines) if line.strip()
+        ])
+    built_text = format_plan(spend_plan(config, config["datasets"], FINGERPRINT, layout=layout))
+    assert "nothing is bought." in built_text and "'unknown' only means" not in built_text
 
 
 def test_a_share_below_one_requests_worst_case_is_named_before_paying(tmp_path):

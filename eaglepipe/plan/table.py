@@ -15,14 +15,16 @@ from eaglepipe.plan.model import UNKNOWN, SetPlan, SpendPlan
 HEADER = "eaglepipe spend plan (no request sent, no key read; the same plan prints before a real run spends)"
 EMULATED = (
     "This is the emulator's plan (api.base_url: local): its providers and dollars are simulated and nothing "
-    "is bought; 'unknown' only means the demo's prompt sets are not built yet."
+    "is bought"
 )
+UNBUILT = "; 'unknown' only means the demo's prompt sets are not built yet"
 
 
 def format_plan(plan: SpendPlan) -> str:
     header = f"{HEADER}\nresults root: {plan.results}/ (its per-set folders, providers.json and ledger only)"
     if plan.emulated:
-        header += f"\n{EMULATED}"
+        unbuilt = any(item.usd_at_least or item.disk_at_least for item in plan.sets)
+        header += f"\n{EMULATED}{UNBUILT if unbuilt else ''}."
     if not plan.has_work:
         return f"{header}\nnothing left to buy: every planned set has its responses and hidden states"
     columns = ["set", "status", "prompts", "left", "input tok", "per answer", "output tok", "dollars",
