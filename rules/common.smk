@@ -84,6 +84,11 @@ def embedded_target():
     return [TARGET_DIR] if config["target"]["embedded"] else []
 
 
+def emulator_log(name):
+    """The emulator's log beside the job's, where the job starts one (api.base_url: local)."""
+    return {"emulator": LAYOUT.log(name)} if LOCAL_API else {}
+
+
 def target_reference():
     """How a serving node finds the target (eaglepipe.drafter.export.TargetReference): by `target.name`;
     this node's path only as provenance; an embedded target was built here, so no hub has it."""

@@ -19,6 +19,6 @@ with snakemake_job(snakemake):
         output_token_budget=snakemake.params.output_token_budget,
         budget_key=snakemake.params.budget_key,
         max_failed_fraction=snakemake.params.max_failed_fraction,
-        emulator_log=Path(snakemake.log.emulator),
+        emulator_log=Path(snakemake.log.emulator) if hasattr(snakemake.log, "emulator") else None,
         threads=snakemake.threads,
     )

@@ -19,5 +19,5 @@ with snakemake_job(snakemake):
             target_path=params.target_path,
         ),
         routing=routing_policy(params.routing, params.max_tokens),
-        emulator_log=Path(snakemake.log.emulator),
+        emulator_log=Path(snakemake.log.emulator) if hasattr(snakemake.log, "emulator") else None,
     )
