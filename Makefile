@@ -12,11 +12,12 @@ VLLM_STAMP := $(VLLM_VENV)/.eaglepipe-vllm-installed
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.eaglepipe-sglang-installed
 
-.PHONY: install cluster-plugins vllm-env sglang-env demo test test-fast lint typecheck envs browser
+.PHONY: install cluster-plugins vllm-env sglang-env demo test test-fast lint typecheck envs browser help
 
 install: $(STAMP)
 
-# pip shows what it fetches and installs (about two minutes on a fresh clone), not a silent wait.
+# pip shows what it fetches and installs (about 1.5 minutes on a fresh clone, as the README says), not a
+# silent wait.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --progress-bar on --upgrade pip
@@ -102,3 +103,13 @@ typecheck: install
 
 envs: install
 	$(BIN)/python -m eaglepipe.envs --write
+
+help:
+	@echo "make demo        install into .venv, then run the whole chain on the embedded default (no key, no GPU)"
+	@echo "make test        what CI runs: every environment (.venv, .venv-vllm, .venv-sglang, the cluster"
+	@echo "                 plugins, chromium), the type check, then every test on two workers"
+	@echo "make test-fast   the inner loop (under about two minutes): no end-to-end, Slurm, vLLM or SGLang tests"
+	@echo "make lint        ruff, the type check and snakemake --lint"
+	@echo "make install     .venv only; vllm-env, sglang-env and cluster-plugins add the others"
+	@echo "make envs        rewrite envs/*.yaml from the pins (constraints.txt)"
+	@echo "The real run: .venv/bin/snakemake -n (its spend plan, nothing bought), then .venv/bin/snakemake (README)"

@@ -144,7 +144,10 @@ def generate(url: str, folder: Path, count: int = 1, **fields: Any) -> Generatio
     return anyio.run(run)
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+# Streamed, each row is in the full suite; the inner loop (make test-fast) takes the plain half.
+@pytest.mark.parametrize(
+    "stream", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["plain", "streamed"]
+)
 @pytest.mark.parametrize("row", ROWS, ids=[row.shape for row in ROWS])
 def test_each_shape_is_filed_and_handled_as_its_row_says(
     row: Row, stream: bool, emulator: str, tmp_path: Path
