@@ -30,7 +30,7 @@ def test_real_config_is_valid_and_gets_defaults():
         "price_per_m_tokens": {"input": 0.60, "output": 3.00},
         "policy": "share",
     }
-    assert config["plan"] == {"tokens_per_s_per_request": 15, "gpu_tflops": 400}
+    assert config["plan"] == {"tokens_per_s_per_request": 15, "gpu_tflops": 400, "load_gb_per_s": 2}
     assert config["routing"]["quantizations"] == ["int4"]
     assert config["tokens"]["on_mismatch"] == "drop"
     assert config["datasets"] == [f"B{i}" for i in range(1, 9)]
