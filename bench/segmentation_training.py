@@ -81,7 +81,8 @@ def main() -> None:
         (workdir / "bench.yaml").write_text(yaml.safe_dump(overrides))
         snakemake(workdir)
         kept = figures(workdir, sets)
-        snakemake(workdir, "--config", 'tokens={"on_segmentation": "drop"}')
+        # Forced: the changed setting alone did not always replan the token stage here.
+        snakemake(workdir, "--config", 'tokens={"on_segmentation": "drop"}', "--forcerun", "tokens")
         dropped = figures(workdir, sets)
     print(f"demo sets at temperature 1.0, max_tokens {args.max_tokens}; {kept['held_out']} held-out prompts")
     print(
