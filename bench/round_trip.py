@@ -139,6 +139,17 @@ def main() -> None:
             print(f"{server:20} {ds:16} {gate['samples']:>7} {gate['exact']:>6} {gate['count_matched']:>6} "
                   f"{gate['off']:>4}  {misses or '-'}")
     print()
+    print_yield(figures)
+
+
+HEADER = (
+    f"{'server':20} {'length':9} {'answers':>7} {'exact':>6} {'split':>6} {'special':>7} {'struct':>6} "
+    f"{'labelled split':>14} {'tokens':>8} {'kept before':>11} {'kept now':>9}"
+)
+
+
+def print_yield(figures: dict[str, dict[str, dict]]) -> None:
+    """Per server (or mode) and length bucket: what truly differs against the label, and the yield."""
     print(HEADER)
     for server, by_set in figures.items():
         buckets = text_only_yield(by_set)
@@ -149,12 +160,6 @@ def main() -> None:
         row(server, "all", total)
         precision = [found["tokens"]["round_trip"]["segmentation_only"] for found in by_set.values()]
         print(precision_line(server, precision))
-
-
-HEADER = (
-    f"{'server':20} {'length':9} {'answers':>7} {'exact':>6} {'split':>6} {'special':>7} {'struct':>6} "
-    f"{'labelled split':>14} {'tokens':>8} {'kept before':>11} {'kept now':>9}"
-)
 
 
 def row(server: str, bucket: str, counts: Any) -> None:

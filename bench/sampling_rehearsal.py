@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the engines' harness (`support.engines`)
 sys.path.insert(0, str(REPO / "bench"))
-from round_trip import HEADER, precision_line, row, text_only_yield  # noqa: E402
+from round_trip import print_yield  # noqa: E402
 from support.engines.corpus import ENGINES, engine_model_dir, run_engine  # noqa: E402
 
 from eaglepipe.target.tokenizer import load_target_tokenizer  # noqa: E402
@@ -136,19 +136,7 @@ def main() -> None:
         f"seed {args.seed}, max_tokens {args.max_tokens}, min_tokens {args.min_tokens}; "
         f"mean answer {sum(k * n for k, n in lengths.items()) / len(prompts):.0f} tokens"
     )
-    print(HEADER)
-    for server, by_set in by_mode.items():
-        buckets = text_only_yield(by_set)
-        total: Counter = Counter()
-        for name in sorted(buckets, key=lambda b: int(b.rstrip("+").split("-")[0])):
-            total.update(buckets[name])
-            row(server, name, buckets[name])
-        row(server, "all", total)
-        print(
-            precision_line(
-                server, [found["tokens"]["round_trip"]["segmentation_only"] for found in by_set.values()]
-            )
-        )
+    print_yield(by_mode)
 
 
 def _token_stage(folder: Path, target: Path, prompts: list[dict], records: list[dict], name: str) -> dict:
