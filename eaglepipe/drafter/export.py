@@ -105,9 +105,8 @@ def write_serving_readme(
 ) -> None:
     """The README beside the checkpoint: how to carry it to a serving node and serve it with its target
     (vLLM, SGLang), by the target's name, never by a path of the training node."""
-    config = drafter_config
-    layers = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    vllm_layers = config["eagle_aux_hidden_state_layer_ids"]
+    layers = drafter_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    vllm_layers = drafter_config["eagle_aux_hidden_state_layer_ids"]
     speculative = (
         f'{{\\"method\\": \\"eagle3\\", \\"model\\": \\"$DRAFTER\\", '
         f'\\"num_speculative_tokens\\": {num_steps}}}'
