@@ -84,9 +84,9 @@ def embedded_target():
     return [TARGET_DIR] if config["target"]["embedded"] else []
 
 
-def emulator_log(name):
+def emulator_log(path):
     """The emulator's log beside the job's, where the job starts one (api.base_url: local)."""
-    return {"emulator": LAYOUT.log(name)} if LOCAL_API else {}
+    return {"emulator": path} if LOCAL_API else {}
 
 
 def target_reference():

@@ -41,7 +41,7 @@ rule providers:
         target_path=TARGET_DIR,
     log:
         job=LAYOUT.log("providers.log"),
-        **emulator_log("providers.emulator.log"),
+        **emulator_log(LAYOUT.log("providers.emulator.log")),
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -81,7 +81,7 @@ rule generate:
         ledger=str(LAYOUT.ledger),
     log:
         job=LAYOUT.log("generate/{ds}.log"),
-        **emulator_log("generate/{ds}.emulator.log"),
+        **emulator_log(LAYOUT.log("generate/{ds}.emulator.log")),
     localrule: True
     # Jobs running at once split generation.concurrency and share budget.usd through the ledger;
     # the local profile limits api to the jobs its cores can run, each with its own emulator.
