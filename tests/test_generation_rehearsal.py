@@ -73,12 +73,15 @@ class Rig:
             *args,  # after the targets: options such as --resources take several values
         )
 
-    def start(self) -> subprocess.Popen:
-        """Snakemake in its own process group, so that a test can kill the whole run at once."""
+    def start(self, *, output: bool = False) -> subprocess.Popen:
+        """Snakemake in its own process group, so that a test can kill the whole run at once; with
+        `output`, its stdout and stderr as one text stream for `communicate`."""
+        sink = subprocess.PIPE if output else subprocess.DEVNULL
         return subprocess.Popen(
             self.command(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT if output else subprocess.DEVNULL,
+            text=True,
             env=self.env,
             start_new_session=True,
         )
@@ -220,10 +223,7 @@ def test_ctrl_c_ends_the_job_with_one_line_and_a_rerun_buys_only_the_rest(tmp_pa
             generation={"concurrency": 50, "max_tokens": 200},
             budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
         )
-        process = subprocess.Popen(
-            run.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run.env,
-            start_new_session=True,
-        )
+        process = run.start(output=True)
         deadline = time.monotonic() + 120
         while len(run.journal("ctrlc")) < 10:
             assert process.poll() is None, "snakemake ended before the Ctrl-C"
@@ -258,10 +258,7 @@ def test_ctrl_c_as_a_set_writes_its_answers_then_the_same_command_goes_on(tmp_pa
             budget={"usd": 100, "output_tokens_per_dataset": 10_000_000},
         )
         answers = run.workdir / "results" / "written" / "responses.jsonl"
-        process = subprocess.Popen(
-            run.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=run.env,
-            start_new_session=True,
-        )
+        process = run.start(output=True)
         deadline = time.monotonic() + 120
         while not answers.exists():
             assert process.poll() is None, "snakemake ended before its answers were written"
