@@ -10,6 +10,7 @@ from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.dollars import budget_key
 from eaglepipe.openrouter.fingerprint import config_fingerprint, engine_fingerprint
 from eaglepipe.openrouter.settings import engine_request_params, operational_params, request_params
+from eaglepipe.prompts import PromptError, check_edited_source, strip_setting
 from eaglepipe.target.tiny import TEACHER_FILES, TINY_TARGETS
 
 try:
@@ -107,9 +108,20 @@ def embedded_target_teacher():
 
 
 def source_inputs(wildcards):
-    """A local JSONL source is a file input (editing it reruns its set); a dataset download is not."""
+    """A local JSONL source is a file input (editing it reruns its set); a dataset download is not.
+
+    An edited source is read now, before any job runs: a broken one stops here with its line and the
+    built set stays, so putting the same bytes back reruns nothing downstream."""
     source = config["sources"][wildcards.ds]
-    return [source["path"]] if source["type"] == "jsonl" else []
+    if source["type"] != "jsonl":
+        return []
+    built = LAYOUT.prompt_set(wildcards.ds)
+    source, strip = strip_setting(source, config["prompts"]["strip_trailing_assistant"])
+    try:
+        check_edited_source(source, built, seed=config["prompts"]["seed"], strip_trailing_assistant=strip)
+    except PromptError as error:
+        sys.exit(f"eaglepipe: {error} (nothing ran; {built} is kept)")
+    return [source["path"]]
 
 
 GENERATION_FINGERPRINT = config_fingerprint(config)

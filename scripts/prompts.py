@@ -3,13 +3,10 @@
 from pathlib import Path
 
 from eaglepipe.jobs import snakemake_job
-from eaglepipe.prompts import build_from_source
+from eaglepipe.prompts import build_from_source, strip_setting
 
 with snakemake_job(snakemake) as log:
-    source = dict(snakemake.params.source)
-    # Datasets end on the answer being imitated, so their trailing assistant turn goes by default.
-    default_strip = True if source["type"] == "hf" else snakemake.params.strip_trailing_assistant
-    strip = source.pop("strip_trailing_assistant", default_strip)
+    source, strip = strip_setting(snakemake.params.source, snakemake.params.strip_trailing_assistant)
     stats = build_from_source(
         source, Path(snakemake.output.prompts), seed=snakemake.params.seed, strip_trailing_assistant=strip
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import unicodedata
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from eaglepipe.prompts import (
     SourcedRecord,
     build_from_source,
     build_prompt_set,
+    check_edited_source,
     load_hf,
     load_jsonl,
     prompt_id,
@@ -320,3 +322,16 @@ def test_demo_prompts_render_short_for_the_target(model_dir: Path) -> None:
         for item in load_jsonl(path, strip_trailing_assistant=False):
             ids = render_prompt_ids(tokenizer, item.record["messages"], item.record.get("tools"))
             assert len(ids) < 512, item.where
+
+
+def test_an_edited_source_is_checked_without_writing(tmp_path: Path) -> None:
+    built = write_jsonl(tmp_path / "built.jsonl", [{"id": "x", "messages": [user("hi")]}])
+    source = {"type": "jsonl", "path": str(tmp_path / "source.jsonl")}
+    broken = write_jsonl(tmp_path / "source.jsonl", [{"messages": [user("hi")]}, "{not json"])
+    os.utime(broken, ns=(0, built.stat().st_mtime_ns - 1))
+    check_edited_source(source, built, seed=0, strip_trailing_assistant=False)  # older: not read
+    os.utime(broken, ns=(0, built.stat().st_mtime_ns + 1))
+    with pytest.raises(PromptError, match=r"source\.jsonl:2"):
+        check_edited_source(source, built, seed=0, strip_trailing_assistant=False)
+    check_edited_source(source, tmp_path / "never-built.jsonl", seed=0, strip_trailing_assistant=False)
+    assert built.read_text().count("\n") == 1

@@ -1,6 +1,14 @@
 """The prompt-set stage: a set's source (JSONL file or HF dataset) to `resources/prompts/{ds}.jsonl`."""
 
-from eaglepipe.prompts.build import build_from_source, build_prompt_set, load_source, write_prompt_set
+from eaglepipe.prompts.build import (
+    build_from_source,
+    build_prompt_set,
+    check_edited_source,
+    load_source,
+    prepare_prompt_set,
+    strip_setting,
+    write_prompt_set,
+)
 from eaglepipe.prompts.ids import canonical_json, prompt_id
 from eaglepipe.prompts.sources import SkippedRow, SourcedRecord, load_hf, load_jsonl
 from eaglepipe.prompts.validate import PromptError, validate_record
@@ -12,10 +20,13 @@ __all__ = [
     "build_from_source",
     "build_prompt_set",
     "canonical_json",
+    "check_edited_source",
     "load_hf",
     "load_jsonl",
     "load_source",
+    "prepare_prompt_set",
     "prompt_id",
+    "strip_setting",
     "validate_record",
     "write_prompt_set",
 ]

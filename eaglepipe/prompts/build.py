@@ -76,8 +76,19 @@ def load_source(source: dict, *, strip_trailing_assistant: bool) -> Sequence[Sou
     )
 
 
-def build_from_source(source: dict, out: Path, *, seed: int, strip_trailing_assistant: bool) -> dict:
-    """Build and write one prompt set; returns the counts. A set with no valid prompt is an error."""
+def strip_setting(source: dict, configured: bool) -> tuple[dict, bool]:
+    """(the source without its own `strip_trailing_assistant`, whether to strip).
+
+    Datasets end on the answer being imitated, so their trailing assistant turn goes by default."""
+    source = dict(source)
+    default = True if source.get("type") == "hf" else configured
+    return source, bool(source.pop("strip_trailing_assistant", default))
+
+
+def prepare_prompt_set(
+    source: dict, *, name: str, seed: int, strip_trailing_assistant: bool
+) -> tuple[list[dict], dict]:
+    """(the set's records, the counts): everything building it does but the write."""
     loaded = load_source(source, strip_trailing_assistant=strip_trailing_assistant)
     records, stats = build_prompt_set(loaded, seed=seed)
     skipped = [item for item in loaded if isinstance(item, SkippedRow)]
@@ -85,6 +96,29 @@ def build_from_source(source: dict, out: Path, *, seed: int, strip_trailing_assi
         log.warning("skipped %s", row.reason)
     if not records:
         first = f"; first: {skipped[0].reason}" if skipped else ""
-        raise PromptError(f"{out.name}: the source gave no valid prompt ({len(skipped)} rows skipped{first})")
+        raise PromptError(f"{name}: the source gave no valid prompt ({len(skipped)} rows skipped{first})")
+    return records, stats
+
+
+def build_from_source(source: dict, out: Path, *, seed: int, strip_trailing_assistant: bool) -> dict:
+    """Build and write one prompt set; returns the counts. A set with no valid prompt is an error."""
+    records, stats = prepare_prompt_set(
+        source, name=out.name, seed=seed, strip_trailing_assistant=strip_trailing_assistant
+    )
     write_prompt_set(records, out)
     return stats
+
+
+def check_edited_source(source: dict, built: Path, *, seed: int, strip_trailing_assistant: bool) -> None:
+    """Raise PromptError if a JSONL source edited since `built` was written no longer builds.
+
+    Called while Snakemake plans, before any job runs: a job that failed on it would first have deleted the
+    built set, and rebuilding that set reruns everything downstream even when the source is put back as it
+    was. Checked here, the set stays, and the same bytes back rerun nothing (Snakemake compares checksums).
+    """
+    if source.get("type") != "jsonl" or not built.exists():
+        return
+    path = Path(source["path"])
+    if path.exists() and path.stat().st_mtime_ns <= built.stat().st_mtime_ns:
+        return
+    prepare_prompt_set(source, name=built.name, seed=seed, strip_trailing_assistant=strip_trailing_assistant)
