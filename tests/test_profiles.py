@@ -61,6 +61,14 @@ def test_profiles_ask_what_the_issue_and_the_plugins_require():
     assert "envvars" not in kubernetes
 
 
+def test_no_profile_reruns_finished_work_for_an_edited_adapter_script():
+    """Snakemake's `code` trigger hashes only the scripts/ adapter: every profile leaves it out, so an
+    upgrade never silently reruns what depends on paid answers (README, "Rerunning")."""
+    for path in sorted((REPO / "profiles").glob("*/config.yaml")):
+        triggers = yaml.safe_load(path.read_text()).get("rerun-triggers")
+        assert triggers and "code" not in triggers and {"mtime", "params", "input"} <= set(triggers), path
+
+
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_the_real_config_through_the_slurm_profile_asks_gpus_memory_and_runtime_per_rule(tmp_path: Path):
