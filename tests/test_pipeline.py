@@ -20,19 +20,9 @@ from tiny_run import PROMPTS, REPO, RESULTS_ROOT, planned_jobs, snakemake, write
 pytestmark = pytest.mark.slow
 
 # What the real config plans on a fresh clone (tests/test_dryrun.py checks the same table there).
-REAL_FRESH_PLAN = {
-    "prompts": 8,
-    "providers": 1,
-    "generation_settings": 1,
-    "generate": 8,
-    "tokens": 8,
-    "hidden": 8,
-    "train_drafter": 1,
-    "describe_drafter": 1,
-    "evaluate_drafter": 1,
-    "figures": 1,
-    "all": 1,
-}
+REAL_FRESH_PLAN = {"prompts": 8, "providers": 1, "generation_settings": 1, "generate": 8, "tokens": 8,
+                   "hidden": 8, "train_drafter": 1, "describe_drafter": 1, "evaluate_drafter": 1,
+                   "figures": 1, "all": 1}
 
 
 def real_dry_run(workdir, *args):
@@ -44,13 +34,8 @@ def real_dry_run(workdir, *args):
 def test_every_artifact_exists(tiny_pipeline):
     results = tiny_pipeline / RESULTS_ROOT
     for ds in PROMPTS:
-        for name in (
-            "responses.jsonl",
-            "responses.summary.json",
-            "tokens.safetensors",
-            "tokens.json",
-            "hidden.done",
-        ):
+        for name in ("responses.jsonl", "responses.summary.json", "tokens.safetensors", "tokens.json",
+                     "hidden.done"):
             assert (results / ds / name).is_file(), f"{ds}/{name}"
         manifest = json.loads((results / ds / "hidden.done").read_text())
         assert manifest["num_samples"] == len(PROMPTS[ds])
@@ -69,13 +54,8 @@ def test_the_run_writes_nothing_outside_its_results_root(tiny_pipeline):
     assert beside == [".snakemake", "results", "sources", "tiny.yaml"]
     assert sorted(p.name for p in (tiny_pipeline / "results").iterdir()) == ["demo"]
     results = tiny_pipeline / RESULTS_ROOT
-    for name in (
-        "providers.json",
-        ".ledger/ledger.jsonl",
-        "prompts/tiny-a.jsonl",
-        "logs/hidden/tiny-a.log",
-        "logs/train_drafter.log",
-    ):
+    for name in ("providers.json", ".ledger/ledger.jsonl", "prompts/tiny-a.jsonl", "logs/hidden/tiny-a.log",
+                 "logs/train_drafter.log"):
         assert (results / name).is_file(), name
 
 
@@ -127,14 +107,8 @@ def test_real_config_files_change_nothing_the_embedded_run_plans(tiny_pipeline):
     place change nothing the tiny config plans, and the real config does see them (they are real)."""
     real = tiny_pipeline / "results"
     (real / ".ledger").mkdir(parents=True)
-    billed = {
-        "event": "billed",
-        "set": "B1",
-        "prompt_id": "p",
-        "generation_id": "g",
-        "usd": 12.5,
-        "outcome": "kept",
-    }
+    billed = {"event": "billed", "set": "B1", "prompt_id": "p", "generation_id": "g", "usd": 12.5,
+              "outcome": "kept"}
     (real / ".ledger" / "ledger.jsonl").write_text(json.dumps(billed) + "\n")
     endpoint = {"tag": "x/int4", "provider_name": "X", "pricing": {"prompt": "1e-6", "completion": "3e-6"}}
     (real / "providers.json").write_text(json.dumps({"model": "moonshotai/kimi-k2.5", "kept": [endpoint]}))
@@ -152,18 +126,9 @@ def test_real_config_files_change_nothing_the_embedded_run_plans(tiny_pipeline):
         seen = real_dry_run(tiny_pipeline)
         assert "budget.usd $100.00: $12.5000 spent so far" in seen.stderr
         # B1 and providers.json count as done; the drafter needs every set, so it is planned anyway.
-        assert planned_jobs(seen) == {
-            "prompts": 7,
-            "generation_settings": 1,
-            "generate": 7,
-            "tokens": 7,
-            "hidden": 7,
-            "train_drafter": 1,
-            "describe_drafter": 1,
-            "evaluate_drafter": 1,
-            "figures": 1,
-            "all": 1,
-        }
+        assert planned_jobs(seen) == {"prompts": 7, "generation_settings": 1, "generate": 7, "tokens": 7,
+                                      "hidden": 7, "train_drafter": 1, "describe_drafter": 1,
+                                      "evaluate_drafter": 1, "figures": 1, "all": 1}
     finally:
         for name in (".ledger", "providers.json", "drafter", "B1"):
             path = real / name
@@ -182,17 +147,8 @@ def test_editing_one_prompt_file_reruns_only_its_chain(tiny_pipeline):
     write_prompts(tiny_pipeline, "tiny-b", [*PROMPTS["tiny-b"][:3], "Name an animal."])
     try:
         jobs = planned_jobs(snakemake(tiny_pipeline, "-n"))
-        assert jobs == {
-            "prompts": 1,
-            "generate": 1,
-            "tokens": 1,
-            "hidden": 1,
-            "train_drafter": 1,
-            "describe_drafter": 1,
-            "evaluate_drafter": 1,
-            "figures": 1,
-            "all": 1,
-        }
+        assert jobs == {"prompts": 1, "generate": 1, "tokens": 1, "hidden": 1, "train_drafter": 1,
+                        "describe_drafter": 1, "evaluate_drafter": 1, "figures": 1, "all": 1}
     finally:  # the run is shared with other modules: leave it as it was
         source.write_text(original)
         os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
@@ -224,7 +180,7 @@ def test_log_paths_are_under_the_results_root_in_every_rule():
                 continue
             indent = len(line) - len(line.lstrip())
             entries = []
-            for entry in lines[number + 1 :]:
+            for entry in lines[number + 1:]:
                 if len(entry) - len(entry.lstrip()) <= indent:
                     break
                 entries.append(entry.strip())
