@@ -37,7 +37,7 @@ rule figures:
 
 onsuccess:
     from eaglepipe.figures.data import load_run
-    from eaglepipe.figures.summary import run_table
+    from eaglepipe.figures.summary import run_table, stage_times, stopped_short_note
     from eaglepipe.plan import same_configuration
 
     run = load_run(
@@ -48,6 +48,9 @@ onsuccess:
         evaluation=LAYOUT.evaluation,
     )
     print(run_table(run, emulated=LOCAL_API), file=sys.stderr)
+    for line in (stage_times(log), stopped_short_note(sys.argv)):
+        if line:
+            print(line, file=sys.stderr)
     # The configuration this run was started with, so the report reads the same results root.
     options = same_configuration(sys.argv)
     if options is None:  # started through the Python API: the config files Snakemake read

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import subprocess
 import time
@@ -17,6 +18,7 @@ from PIL import Image, ImageStat
 from tiny_run import PROMPTS, RESULTS_ROOT, snakemake, tiny_config, write_prompts
 
 from eaglepipe.figures import FIGURES
+from eaglepipe.figures.summary import stage_times, stopped_short_note
 from eaglepipe.layout import RunLayout
 from eaglepipe.progress import StepProgress, eta_seconds, format_eta
 
@@ -121,6 +123,17 @@ def test_the_run_ends_with_its_table(tiny_pipeline):
     # The report command in the form this run was started with, runnable as printed.
     hint = f".venv/bin/snakemake --configfile {tiny_pipeline / 'tiny.yaml'} --report results/demo/report.html"
     assert hint in table
+    # The time each stage took in this invocation, from Snakemake's own run log: here the one job it ran.
+    times = next(line for line in table.splitlines() if line.startswith("time, this invocation: "))
+    assert re.fullmatch(r"time, this invocation: figures \d+ s \(1 job\); all of it \d+ s", times), times
+
+
+@pytest.mark.slow
+def test_a_run_cut_by_until_says_it_stopped_where_asked(tiny_pipeline):
+    run = snakemake(tiny_pipeline, "--forcerun", "figures", "--until", "figures")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "eaglepipe: stopped where --until figures asked" in run.stderr
+    assert "the same command without --until goes on from here" in run.stderr
 
 
 @pytest.mark.slow
@@ -187,3 +200,47 @@ def test_reused_work_moves_progress_but_not_the_eta(caplog):
     assert caplog.records[-1].getMessage() == (
         "hidden states: 750/1000 tokens (75%), 25 tokens/s, elapsed 0m10s, ETA 0m10s"
     )
+
+
+# Snakemake 9's run log as it reads with two jobs side by side (the shape tests/test_report.py's tiny run writes).
+SNAKEMAKE_LOG = """\
+Select jobs to execute...
+Execute 2 jobs...
+[Sun Dec  6 07:36:47 2026]
+localrule generate:
+    wildcards: ds=tiny-a
+    jobid: 3
+[Sun Dec  6 07:36:48 2026]
+rule generate:
+    wildcards: ds=tiny-b
+    jobid: 4
+[Sun Dec  6 07:37:50 2026]
+Finished jobid: 3 (Rule: generate)
+[Sun Dec  6 07:38:02 2026]
+Finished jobid: 4 (Rule: generate)
+[Sun Dec  6 07:38:02 2026]
+localrule tokens:
+    jobid: 5
+[Sun Dec  6 08:40:05 2026]
+Finished jobid: 5 (Rule: tokens)
+[Sun Dec  6 08:40:05 2026]
+localrule all:
+    jobid: 0
+[Sun Dec  6 08:40:05 2026]
+Finished jobid: 0 (Rule: all)
+"""
+
+
+def test_stage_times_span_each_stages_jobs_and_the_whole_invocation(tmp_path):
+    log = tmp_path / "run.snakemake.log"
+    log.write_text(SNAKEMAKE_LOG)
+    assert stage_times([str(log)]) == (
+        "time, this invocation: generate 1 min 15 s (2 jobs), tokens 1 h 02 min (1 job); all of it 1 h 03 min"
+    )
+    assert stage_times(tmp_path / "absent.log") is None
+
+
+def test_only_a_cut_run_gets_the_stopped_short_note():
+    assert stopped_short_note(["snakemake", "--cores", "2"]) is None
+    note = stopped_short_note(["snakemake", "--until", "generate", "tokens", "--cores", "2"])
+    assert note and "--until generate, tokens asked" in note

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -153,12 +154,79 @@ INTERRUPTED = "Terminating processes on user request"
 FIELD = re.compile(r"^\s+(jobid|log|wildcards): (.+?)(?: \(check log file\(s\) for error details\))?$")
 
 
-def failed_jobs(snakemake_log: str | Path | list[str | Path]) -> list[str]:
-    """One line per failed (or Ctrl-C-stopped) job, from Snakemake's own run log (`log` in `onerror`: a list
-    of paths in Snakemake 9): the rule, its wildcards (from the job's start block) and its log file."""
+SnakemakeLog = str | Path | list[str | Path] | None
+# A job's start and end in Snakemake's run log: a `[Sun Dec  6 07:36:47 2026]` line, then the rule line.
+STAMP = re.compile(r"^\[(\w{3} \w{3} +\d{1,2} \d\d:\d\d:\d\d \d{4})\]$")
+JOB_START = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):$")
+JOB_END = re.compile(r"^Finished jobid: \d+ \(Rule: (\w+)\)$")
+
+
+def _log_lines(snakemake_log: SnakemakeLog) -> list[str]:
+    """Snakemake's own run log (`log` in `onsuccess` / `onerror`: a list of paths in Snakemake 9)."""
     paths = [snakemake_log] if isinstance(snakemake_log, str | Path) else list(snakemake_log or [])
-    lines = [line for path in paths if Path(path).is_file()
-             for line in Path(path).read_text(errors="replace").splitlines()]
+    return [line for path in paths if Path(path).is_file()
+            for line in Path(path).read_text(errors="replace").splitlines()]
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"
+
+
+def stage_times(snakemake_log: SnakemakeLog) -> str | None:
+    """`time, this invocation: prompts 2 s (2 jobs), ...; all of it 4 min 32 s`: each stage from its first
+    job's start to its last job's end, read from Snakemake's run log. Stages overlap where jobs ran side by
+    side; a resumed run counts only what this invocation ran. None when it ran no job."""
+    spans: dict[str, list] = {}  # rule -> [first start, last end, jobs finished]
+    stamp = None
+    for line in _log_lines(snakemake_log):
+        if found := STAMP.match(line):
+            stamp = datetime.strptime(" ".join(found[1].split()), "%a %b %d %H:%M:%S %Y")
+        elif (start := JOB_START.match(line)) and stamp is not None:
+            spans.setdefault(start[1], [stamp, stamp, 0])
+        elif (end := JOB_END.match(line)) and stamp is not None and end[1] in spans:
+            span = spans[end[1]]
+            span[1], span[2] = max(span[1], stamp), span[2] + 1
+    spans.pop("all", None)  # the target rule: no work of its own
+    finished = {rule: span for rule, span in spans.items() if span[2]}
+    if not finished:
+        return None
+    parts = [
+        f"{rule} {_duration((end - start).total_seconds())} ({jobs} job{'s' if jobs > 1 else ''})"
+        for rule, (start, end, jobs) in sorted(finished.items(), key=lambda item: item[1][0])
+    ]
+    whole = max(span[1] for span in finished.values()) - min(span[0] for span in finished.values())
+    return f"time, this invocation: {', '.join(parts)}; all of it {_duration(whole.total_seconds())}"
+
+
+STOPPING_OPTIONS = ("--until", "--omit-from")
+
+
+def stopped_short_note(argv: list[str]) -> str | None:
+    """A run cut by `--until` / `--omit-from` ends on Snakemake's `5 of 19 steps (26%) done`, counting the
+    jobs it was told to leave out: say that it stopped where asked, and how to go on."""
+    for index, word in enumerate(argv):
+        if word in STOPPING_OPTIONS:
+            named = []
+            for item in argv[index + 1:]:
+                if item.startswith("-"):
+                    break
+                named.append(item)
+            where = ", ".join(named) or "the rules named"
+            return (
+                f"eaglepipe: stopped where {word} {where} asked (Snakemake's step count above includes "
+                f"the jobs left out); the same command without {word} goes on from here"
+            )
+    return None
+
+
+def failed_jobs(snakemake_log: SnakemakeLog) -> list[str]:
+    """One line per failed (or Ctrl-C-stopped) job, from Snakemake's own run log: the rule, its wildcards
+    (from the job's start block) and its log file."""
+    lines = _log_lines(snakemake_log)
     wildcards: dict[str, str] = {}
     failures: list[dict[str, str]] = []
     jobid = None  # the job whose block the line is in
