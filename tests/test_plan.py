@@ -277,6 +277,23 @@ def test_each_hidden_job_adds_loading_the_target_at_the_rate_it_names(tmp_path):
 
     loading = "loading the target in each of 2 jobs: 5 min each at 2 GB/s (plan.load_gb_per_s), 10 min in all"
     assert loading in text
+    # The whole run's time: every stage's, one after another, the load included.
+    total = text.split("time, in all: about ")[1]
+    assert "until the drafter" in total and "loading the target 10 min" in total and "unknown" not in total
+
+
+def test_the_whole_runs_time_says_at_least_while_a_stage_is_unknown(tmp_path):
+    """Before the weights are downloaded their load time is unknown: the sum is a floor, and says so."""
+    config = make_config(tmp_path, ["A"], budget={"usd": 1000}, plan={"tokens_per_s_per_request": 5})
+    write_prompts(tmp_path, "A", 4)
+    write_providers(tmp_path)
+    kimi_like_target(tmp_path / "target")
+
+    plan = plan_of(tmp_path, config)
+
+    line = next(line for line in format_plan(plan).splitlines() if line.startswith("time, in all:"))
+    assert line.startswith("time, in all: at least ") and "loading the target unknown" in line
+    assert "generation " in line and "hidden states " in line and "training " in line
 
 
 def test_before_the_download_the_targets_published_config_sizes_the_drafter(tmp_path):
@@ -517,6 +534,7 @@ def test_the_demos_plan_before_and_after_its_target_exists(tmp_path, model_dir, 
     assert rows["demo-chat"][2] == "25" and rows["demo-math"][2] == "24"
     assert "time, generation: the local emulator's pace on this machine" in text
     assert "time, hidden states: on the CPU (hidden.device cpu)" in text
+    assert "time, in all" not in text  # the demo's whole time is measured, in the README
     in_short = text.splitlines()[-1]
     assert in_short.startswith("In short (the emulator's dollars; nothing real is bought): $1.00 buys ")
     assert in_short.endswith(", then a drafter trained on them.")

@@ -274,7 +274,38 @@ def _hour_lines(plan: SpendPlan) -> list[str]:
             ),
             hours.gpu_tflops,
         ))
+    total = _total_time_line(plan, buys=any(item.status == "generate" for item in plan.sets), loads=len(left))
+    if total:
+        lines.append(total)
     return lines
+
+
+def _total_time_line(plan: SpendPlan, *, buys: bool, loads: int) -> str | None:
+    """The whole run's time from now to the drafter: the stage times above, one after another. Only for a
+    run that buys from a provider and computes on GPUs: the demo's times are measured, in the README."""
+    hours = plan.hours
+    if hours is None or plan.emulated or hours.hidden_on_cpu or hours.train_on_cpu or plan.goal != "drafter":
+        return None
+    stages: list[tuple[str, float | None]] = []
+    if buys:
+        stages.append(("generation", hours.generation_s))
+    if loads:
+        hidden = None if hours.hidden_gpu_h is None else hours.hidden_gpu_h * 3600 / hours.hidden_gpus
+        loading = None if hours.load_s_per_job is None else hours.load_s_per_job * loads
+        stages += [("hidden states", hidden), ("loading the target", loading)]
+    train = None if hours.train_gpu_h is None else hours.train_gpu_h * 3600 / hours.train_gpus
+    stages.append(("training", train))
+    known = [(name, seconds) for name, seconds in stages if seconds is not None]
+    unknown = [name for name, seconds in stages if seconds is None]
+    if not known:
+        return None
+    parts = ", ".join(f"{name} {_duration(seconds)}" for name, seconds in known)
+    parts += "".join(f"; {name} {UNKNOWN}" for name in unknown)
+    return (
+        f"time, in all: {'at least' if unknown else 'about'} {_duration(sum(s for _, s in known))} until the "
+        f"drafter, the stages one after another ({parts}); a set that has its answers goes on to its hidden "
+        "states while others still buy, so the run can end sooner"
+    )
 
 
 def _loading(hours: Hours, jobs: int, target_dir: Path) -> str:
