@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from eaglepipe.io import atomic_write, write_json
-from eaglepipe.openrouter.run import read_prompt_set
 from eaglepipe.prompts.ids import prompt_id
+from eaglepipe.prompts.records import PromptRecord, read_prompt_set
 from eaglepipe.prompts.validate import PromptError, validate_record
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def import_answers(
     return summary
 
 
-def _read_answers(path: Path, prompts: list[dict[str, Any]]) -> _Reading:
+def _read_answers(path: Path, prompts: list[PromptRecord]) -> _Reading:
     """Every line checked (matched or not, so a bad file fails whichever set reads it first); the file's
     sha256 is taken over the same bytes, so the fingerprint is that of exactly what was imported."""
     ids = {prompt["id"] for prompt in prompts}

@@ -16,6 +16,7 @@ from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.ledger import RunLedger
 from eaglepipe.openrouter.replies import RequestFailed
 from eaglepipe.openrouter.taxonomy import Observed
+from eaglepipe.prompts.records import PromptRecord
 
 if TYPE_CHECKING:
     from eaglepipe.openrouter.client import GenerationSummary
@@ -40,10 +41,10 @@ class Tally:
 
     def resume(
         self,
-        prompts: list[dict[str, Any]],
+        prompts: list[PromptRecord],
         reusable: dict[str, dict[str, Any]],
         failed: dict[str, dict[str, Any]],
-    ) -> list[dict[str, Any]]:
+    ) -> list[PromptRecord]:
         """Counts the prompts answered already (`reusable`, by prompt id) and those an earlier run recorded
         as failed for good (`failed`); returns the rest, to send."""
         todo, seen = [], set()

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from eaglepipe.openrouter.billing_api import KeyState
 from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
 from eaglepipe.openrouter.ledger import OtherJobs, RunLedger
+from eaglepipe.prompts.records import PromptRecord
 from eaglepipe.prompts.size import prompt_json_bytes
 
 log = logging.getLogger(__name__)
 
 
-def prompt_tokens_bound(prompt: dict[str, Any]) -> int:
+def prompt_tokens_bound(prompt: PromptRecord) -> int:
     """A generous bound on a prompt's tokens without its tokenizer: half its UTF-8 bytes (tokenizers
     average three to four bytes a token in English, and no fewer than two in scripts of multi-byte
     characters)."""
@@ -63,7 +63,7 @@ class Admission:
         # Until this (monotonic) time a rate-limit window is closed: nothing new goes out.
         self.held_until = 0.0
 
-    def size_first_wave(self, key: KeyState | None, todo: list[dict[str, Any]]) -> None:
+    def size_first_wave(self, key: KeyState | None, todo: list[PromptRecord]) -> None:
         """OpenRouter reserves each request's worst case, (prompt + max_tokens) at the endpoint's price,
         against what the key may still spend: a first wave of more than fits meets in-flight-budget 402s
         at once. The wave starts at what fits; the adaptive limit takes over from there."""

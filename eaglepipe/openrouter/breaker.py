@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from eaglepipe.openrouter.taxonomy import Observed
+from eaglepipe.prompts.records import PromptRecord
 
 if TYPE_CHECKING:
     from eaglepipe.openrouter.replies import RequestFailed
@@ -120,7 +121,7 @@ class ProviderHealth:
         *,
         dataset: str,
         allowed_providers: tuple[str, ...],
-        probe: Callable[[dict[str, Any], dict[str, Any]], str | None] | None,
+        probe: Callable[[PromptRecord, dict[str, Any]], str | None] | None,
         probe_answers: int,
         stop: Callable[[str, str], None],
     ) -> None:
@@ -186,7 +187,7 @@ class ProviderHealth:
                 "(`.venv/bin/snakemake --forcerun providers`), then rerun",
             )
 
-    async def check_usable(self, prompt: dict[str, Any], record: dict[str, Any]) -> None:
+    async def check_usable(self, prompt: PromptRecord, record: dict[str, Any]) -> None:
         """The usability probe: a provider's first answers go through the token stage's structural check."""
         provider = str(record.get("provider") or "(unnamed)")
         self.breaker.answered(provider)

@@ -49,6 +49,7 @@ from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.openrouter.taxonomy import Observed
 from eaglepipe.progress import eta_seconds, format_eta
+from eaglepipe.prompts.records import PromptRecord
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ THROTTLE_MAX_WAIT_S = 900.0
 
 
 class UsabilityProbe(Protocol):
-    def __call__(self, prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
+    def __call__(self, prompt: PromptRecord, record: dict[str, Any]) -> str | None:
         """Why the journaled answer `record` to `prompt` cannot be trained on, or None."""
         ...
 
@@ -136,7 +137,7 @@ class GenerationSummary:
 
 
 async def generate_set(
-    prompts: list[dict[str, Any]],
+    prompts: list[PromptRecord],
     *,
     settings: GenerationSettings,
     api_key: ApiKey | None,
@@ -228,7 +229,7 @@ class _Run:
         self.http: httpx.AsyncClient | None = None
         self.journal: AppendLog | None = None
         self.failed_log: AppendLog | None = None
-        self.prompts: dict[str, dict[str, Any]] = {}
+        self.prompts: dict[str, PromptRecord] = {}
         self.admission = Admission(
             dataset=dataset,
             concurrency=settings.concurrency,
@@ -260,10 +261,10 @@ class _Run:
 
     def resume(
         self,
-        prompts: list[dict[str, Any]],
+        prompts: list[PromptRecord],
         reusable: dict[str, dict[str, Any]],
         failed: dict[str, dict[str, Any]],
-    ) -> list[dict[str, Any]]:
+    ) -> list[PromptRecord]:
         todo = self.tally.resume(prompts, reusable, failed)
         self.todo_at_start = len(todo)
         self.notify()
@@ -298,7 +299,7 @@ class _Run:
         until the feeder next waits (it takes a fresh one then), so a wake-up costs no new event each."""
         self.changed.set()
 
-    def size_first_wave(self, key: KeyState | None, todo: list[dict[str, Any]]) -> None:
+    def size_first_wave(self, key: KeyState | None, todo: list[PromptRecord]) -> None:
         self.admission.size_first_wave(key, todo)
         if self.admission.first_wave is not None:
             self.summary.first_wave = self.admission.first_wave
@@ -574,11 +575,11 @@ async def _check_key(run: _Run) -> KeyState | None:
 
 
 async def _feed_workers(
-    todo: list[dict[str, Any]], routes: list[ChatRoute], journal: AppendLog, run: _Run
+    todo: list[PromptRecord], routes: list[ChatRoute], journal: AppendLog, run: _Run
 ) -> None:
     """Worker i sends through pool i mod n, so every pool carries an equal share of the requests."""
     settings = run.settings
-    send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
+    send, receive = anyio.create_memory_object_stream[PromptRecord](0)
     async with anyio.create_task_group() as workers:
         for number in range(min(settings.concurrency, len(todo))):
             workers.start_soon(_worker, receive.clone(), routes[number % len(routes)], journal, run)
@@ -591,7 +592,7 @@ async def _feed_workers(
 
 
 async def _worker(
-    prompts: MemoryObjectReceiveStream[dict[str, Any]], route: ChatRoute, journal: AppendLog, run: _Run
+    prompts: MemoryObjectReceiveStream[PromptRecord], route: ChatRoute, journal: AppendLog, run: _Run
 ) -> None:
     async with prompts:
         async for prompt in prompts:
@@ -601,7 +602,7 @@ async def _worker(
                 run.finished(prompt["id"])
 
 
-async def _complete_prompt(prompt: dict[str, Any], route: ChatRoute, journal: AppendLog, run: _Run) -> None:
+async def _complete_prompt(prompt: PromptRecord, route: ChatRoute, journal: AppendLog, run: _Run) -> None:
     """Try until done, failed for good, or the run is stopping (then the prompt stays to resume)."""
     settings, ledger = run.settings, run.ledger
     assert ledger is not None

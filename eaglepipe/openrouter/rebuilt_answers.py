@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglepipe.prompts.records import PromptRecord
+
 
 def rebuilt_answer(
-    prompt: dict[str, Any],
+    prompt: PromptRecord,
     generation: dict[str, Any],
     content: dict[str, Any],
     allowed_providers: frozenset[str],

@@ -18,6 +18,7 @@ from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.processes import JobStopped
+from eaglepipe.prompts.records import read_prompt_set
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +33,6 @@ ADVICE = {
     "foreign_provider": "refresh providers.json (.venv/bin/snakemake --forcerun providers), then rerun",
     "rate_limited": "rerun once the rate limit has reset (the time is above)",
 }
-
-
-def read_prompt_set(path: Path) -> list[dict[str, Any]]:
-    """The prompts rule wrote this file, so a malformed line means a stale or hand-edited set."""
-    prompts = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                prompt = json.loads(line)
-            except ValueError:
-                raise OpenRouterError(f"{path} line {number} is not JSON: rebuild the prompt set") from None
-            if not isinstance(prompt, dict) or not isinstance(prompt.get("id"), str):
-                raise OpenRouterError(f"{path} line {number} has no string `id`: rebuild the prompt set")
-            if not isinstance(prompt.get("messages"), list) or not prompt["messages"]:
-                raise OpenRouterError(f"{path} prompt {prompt['id']} has no messages: rebuild the prompt set")
-            prompts.append(prompt)
-    return prompts
 
 
 def generate_responses(

@@ -22,6 +22,7 @@ from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import dearest_price
 from eaglepipe.plan.hours import plan_hours
 from eaglepipe.plan.model import UNKNOWN, Prices, SetPlan, SpendPlan
+from eaglepipe.prompts.records import PromptRecord, read_prompt_set
 from eaglepipe.prompts.size import prompt_json_bytes
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError, published_config_dir
 from eaglepipe.tokens.token_file import token_file_counts
@@ -45,7 +46,7 @@ class InputTokens:
         self.method: str | None = None
         self._format: ChatFormat | None = None
 
-    def __call__(self, prompt: dict[str, Any]) -> int:
+    def __call__(self, prompt: PromptRecord) -> int:
         if self.method is None:
             self._format = _template_format(self.target_dir)
             self.method = "tokenizer" if self._format else "bytes"
@@ -299,7 +300,7 @@ def _plan_set(
     left: int | None
     input_tokens: int | None
     if prompts_path.is_file():
-        prompts = read_jsonl(prompts_path)
+        prompts = read_prompt_set(prompts_path)
         done = {prompt["id"]: done[prompt["id"]] for prompt in prompts if prompt["id"] in done}
         todo = [prompt for prompt in prompts if prompt["id"] not in done]
         total, left, input_tokens = len(prompts), len(todo), sum(map(count_input, todo))

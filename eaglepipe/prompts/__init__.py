@@ -7,14 +7,15 @@ from eaglepipe.prompts.build import (
     load_source,
     prepare_prompt_set,
     strip_setting,
-    write_prompt_set,
 )
 from eaglepipe.prompts.ids import canonical_json, prompt_id
+from eaglepipe.prompts.records import PromptRecord, read_prompt_set, write_prompt_set
 from eaglepipe.prompts.sources import SkippedRow, SourcedRecord, load_hf, load_jsonl
 from eaglepipe.prompts.validate import PromptError, validate_record
 
 __all__ = [
     "PromptError",
+    "PromptRecord",
     "SkippedRow",
     "SourcedRecord",
     "build_from_source",
@@ -26,6 +27,7 @@ __all__ = [
     "load_source",
     "prepare_prompt_set",
     "prompt_id",
+    "read_prompt_set",
     "strip_setting",
     "validate_record",
     "write_prompt_set",

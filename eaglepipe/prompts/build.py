@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from eaglepipe.io import atomic_write
 from eaglepipe.prompts.ids import prompt_id
+from eaglepipe.prompts.records import PromptRecord, write_prompt_set
 from eaglepipe.prompts.sources import SkippedRow, SourcedRecord, load_hf, load_jsonl
 from eaglepipe.prompts.validate import PromptError
 
@@ -22,12 +21,14 @@ def _order_key(seed: int, record_id: str) -> str:
     return hashlib.sha256(f"{seed}:{record_id}".encode()).hexdigest()
 
 
-def build_prompt_set(records: Iterable[SourcedRecord | SkippedRow], *, seed: int) -> tuple[list[dict], dict]:
+def build_prompt_set(
+    records: Iterable[SourcedRecord | SkippedRow], *, seed: int
+) -> tuple[list[PromptRecord], dict]:
     """(records with ids, in seeded order, duplicates dropped; counts for the rule's log)."""
     stats = dict.fromkeys(STAT_KEYS, 0)
     first_use: dict[str, tuple[str, str]] = {}  # id -> (content hash, where it first appeared)
     seen_content: set[str] = set()
-    kept: list[dict] = []
+    kept: list[PromptRecord] = []
     for item in records:
         stats["read"] += 1
         if isinstance(item, SkippedRow):
@@ -47,16 +48,13 @@ def build_prompt_set(records: Iterable[SourcedRecord | SkippedRow], *, seed: int
             stats["duplicates_dropped"] += 1
             continue
         seen_content.add(content_hash)
-        kept.append({"id": record_id, **{key: value for key, value in record.items() if key != "id"}})
+        prompt: PromptRecord = {"id": record_id, "messages": record["messages"]}
+        if "tools" in record:
+            prompt["tools"] = record["tools"]
+        kept.append(prompt)
     kept.sort(key=lambda record: _order_key(seed, record["id"]))
     stats["kept"] = len(kept)
     return kept, stats
-
-
-def write_prompt_set(records: Iterable[dict], path: Path) -> None:
-    """Write atomically, so a killed job never leaves a half-written set that looks finished."""
-    lines = [json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n" for record in records]
-    atomic_write(path, lambda tmp: tmp.write_text("".join(lines), encoding="utf-8"))
 
 
 def load_source(source: dict, *, strip_trailing_assistant: bool) -> Sequence[SourcedRecord | SkippedRow]:
@@ -87,7 +85,7 @@ def strip_setting(source: dict, configured: bool) -> tuple[dict, bool]:
 
 def prepare_prompt_set(
     source: dict, *, name: str, seed: int, strip_trailing_assistant: bool
-) -> tuple[list[dict], dict]:
+) -> tuple[list[PromptRecord], dict]:
     """(the set's records, the counts): everything building it does but the write."""
     loaded = load_source(source, strip_trailing_assistant=strip_trailing_assistant)
     records, stats = build_prompt_set(loaded, seed=seed)

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from eaglepipe.io import atomic_write, read_jsonl, write_json
+from eaglepipe.prompts.records import read_prompt_set
 from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
@@ -42,7 +43,7 @@ def build_tokens(
 ) -> dict[str, Any]:
     """Write `tokens.safetensors` and `tokens.json` for one prompt set; returns the statistics."""
     chat = load_target_tokenizer(target_dir).chat_format()
-    prompts = {p["id"]: p for p in read_jsonl(prompts_path)}
+    prompts = {p["id"]: p for p in read_prompt_set(prompts_path)}
     records = list(read_jsonl(responses_path))
     rebuilt = Rebuilder(chat, settings).rebuild(prompts, records, str(responses_path))
     text_only = None

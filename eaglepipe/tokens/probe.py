@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.prompts.records import PromptRecord
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
 from eaglepipe.tokens.reply import parse_reply
@@ -35,7 +36,7 @@ PROBE_SETTINGS = TokenSettings(
 )
 
 
-def usability_probe(target_dir: Path) -> Callable[[dict[str, Any], dict[str, Any]], str | None] | None:
+def usability_probe(target_dir: Path) -> Callable[[PromptRecord, dict[str, Any]], str | None] | None:
     """`probe(prompt, record)`: why the journaled answer cannot be trained on, or None. None (and a warning)
     when the target's tokenizer is not at `target_dir`, e.g. on a login node without the weights."""
     try:
@@ -48,11 +49,11 @@ def usability_probe(target_dir: Path) -> Callable[[dict[str, Any], dict[str, Any
     # thread-safe: run concurrently, sound answers came out as prompt_without_generation_prompt.
     one_at_a_time = threading.Lock()
 
-    def problem(prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
+    def problem(prompt: PromptRecord, record: dict[str, Any]) -> str | None:
         with one_at_a_time:
             return _problem(prompt, record)
 
-    def _problem(prompt: dict[str, Any], record: dict[str, Any]) -> str | None:
+    def _problem(prompt: PromptRecord, record: dict[str, Any]) -> str | None:
         try:
             (sample,) = rebuilder.rebuild({prompt["id"]: prompt}, [record], "usability probe").samples
         except ValueError as err:  # a prompt the token stage cannot render is not the provider's fault

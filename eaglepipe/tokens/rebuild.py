@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from eaglepipe.prompts.records import PromptRecord
 from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_tools import ToolFormat
@@ -102,7 +103,7 @@ class Rebuilt:
 
 @dataclass
 class _Pending:
-    prompt: dict[str, Any]
+    prompt: PromptRecord
     reply: Reply
     history: int
     exact: ExactIds | None
@@ -124,7 +125,7 @@ class Rebuilder:
         self.text_only = text_only
 
     def rebuild(
-        self, prompts: dict[str, dict[str, Any]], records: Iterable[dict[str, Any]], where: str
+        self, prompts: dict[str, PromptRecord], records: Iterable[dict[str, Any]], where: str
     ) -> Rebuilt:
         pending = [self._first_pass(prompts, record, where) for record in records]
         evidence: dict[str, Evidence] = {}
@@ -215,7 +216,7 @@ class Rebuilder:
         flags = fitting.flags | Flag.WHITESPACE
         return replace(fitting, method=Method.REBUILT_AMBIGUOUS, flags=flags)
 
-    def _first_pass(self, prompts: dict[str, dict[str, Any]], record: dict[str, Any], where: str) -> _Pending:
+    def _first_pass(self, prompts: dict[str, PromptRecord], record: dict[str, Any], where: str) -> _Pending:
         reply = parse_reply(record, where)
         prompt = prompts.get(reply.prompt_id)
         if prompt is None:
@@ -388,7 +389,7 @@ class Rebuilder:
             return ids, {}, flags
         return ids, {chat_format.tool_format_name(f): length - billed for f, length in lengths.items()}, flags
 
-    def _render(self, prompt: dict[str, Any], reply: Reply, tool_format: ToolFormat) -> list[int]:
+    def _render(self, prompt: PromptRecord, reply: Reply, tool_format: ToolFormat) -> list[int]:
         return self.chat.prompt_ids(
             prompt["messages"], prompt.get("tools"), thinking=reply.thinking, tool_format=tool_format
         )
