@@ -202,7 +202,7 @@ def test_reused_work_moves_progress_but_not_the_eta(caplog):
     )
 
 
-# Snakemake 9's run log as it reads with two jobs side by side (the shape tests/test_report.py's tiny run writes).
+# Snakemake 9's run log as it reads with two jobs side by side.
 SNAKEMAKE_LOG = """\
 Select jobs to execute...
 Execute 2 jobs...
