@@ -14,8 +14,10 @@ import jsonschema
 import yaml
 from jsonschema.protocols import Validator
 
+from eaglepipe.errors import EaglepipeError
 
-class ConfigError(ValueError):
+
+class ConfigError(EaglepipeError, ValueError):
     """A config problem, phrased as one line naming the key and what is allowed."""
 
 

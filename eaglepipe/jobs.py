@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.errors import EaglepipeError
 from eaglepipe.processes import JobStopped
 
 # The shell's status for a command ended by Ctrl-C (128 + SIGINT).
@@ -17,7 +18,8 @@ INTERRUPTED_STATUS = 130
 
 @contextmanager
 def snakemake_job(smk: Any) -> Iterator[logging.Logger]:
-    """Run a job body so that our own errors end it with one actionable line, not a traceback."""
+    """Run a job body so that a user-facing error (`EaglepipeError`) ends it with its one actionable line;
+    anything else is a bug and keeps its traceback."""
     log_path = Path(smk.log[0]) if smk.log else None
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_path:
@@ -36,11 +38,9 @@ def snakemake_job(smk: Any) -> Iterator[logging.Logger]:
         kept = f"{stop}, " if isinstance(stop, JobStopped) else ""
         logger.warning("stopped: %srerun the same command to resume", kept)
         sys.exit(INTERRUPTED_STATUS)
-    except Exception as error:
-        if type(error).__module__.startswith("eaglepipe"):
-            logger.error("%s", error)
-            sys.exit(1)
-        raise
+    except EaglepipeError as error:
+        logger.error("%s", error)
+        sys.exit(1)
 
 
 def _cap_threads(threads: int) -> None:

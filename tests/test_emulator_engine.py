@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from eaglepipe.emulator.engine import Engine, EngineError, GenerationRequest
+from eaglepipe.emulator.engine import Engine, GenerationFailed, GenerationRequest
 from eaglepipe.target.chat import render_prompt_ids, stop_token_id
 from eaglepipe.target.load import load_target, load_tokenizer
 
@@ -69,7 +69,7 @@ def test_stop_token_ends_a_row(engine, loaded):
 
 def test_a_failed_batch_fails_its_requests_and_the_engine_serves_on(engine, loaded):
     vocab = loaded[0].config.vocab_size
-    with pytest.raises(EngineError, match="generation failed"):
+    with pytest.raises(GenerationFailed, match="generation failed"):
         asyncio.run(collect(engine, GenerationRequest([vocab + 5], max_tokens=2, temperature=0)))
     assert len(asyncio.run(collect(engine, GenerationRequest(prompt(loaded, "Hi"), max_tokens=2)))) == 2
 
@@ -94,5 +94,5 @@ def test_a_closed_engine_refuses_work(loaded):
     engine = Engine(model, stop_token_id(tokenizer), tokenizer.pad_token_id)
     engine.start()
     engine.close()
-    with pytest.raises(EngineError, match="shutting down"):
+    with pytest.raises(GenerationFailed, match="shutting down"):
         asyncio.run(collect(engine, GenerationRequest([1, 2, 3], max_tokens=1)))

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import httpx
 
 from eaglepipe.config import section_fields
+from eaglepipe.errors import EaglepipeError
 from eaglepipe.processes import die_with_parent, last_log_line, stop_process_group
 
 # A probe answer's length: enough to see ids come back, short enough to cost nothing.
@@ -29,7 +30,7 @@ PROBE_TOKENS = 2
 POLL_S = 1.0
 
 
-class EngineError(Exception):
+class EngineError(EaglepipeError):
     """An engine problem the user can fix, in one line naming the URL or the log and what to do."""
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import atomic_write, write_json
 from eaglepipe.prompts.ids import prompt_id
 from eaglepipe.prompts.records import PromptRecord, read_prompt_set
@@ -30,7 +31,7 @@ FIX = "fix or remove the line, then rerun"
 SHOWN_IDS = 5
 
 
-class AnswerImportError(ValueError):
+class AnswerImportError(EaglepipeError, ValueError):
     """An import file line the token stage could not trust, in one line naming `file:line`."""
 
 

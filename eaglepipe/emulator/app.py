@@ -32,8 +32,8 @@ from starlette.types import Receive, Scope, Send
 from eaglepipe.emulator import shapes
 from eaglepipe.emulator.account import Account
 from eaglepipe.emulator.backend import (
-    EngineError,
     GeneratedToken,
+    GenerationFailed,
     GenerationRequest,
     PromptText,
     ReplyShape,
@@ -665,7 +665,7 @@ class Emulator:
             message = self.replies.message(completion)  # before settling: it sets the finish reason's cause
             if empty:
                 message = {"content": ""}
-        except EngineError as exc:
+        except GenerationFailed as exc:
             completion.failed = True
             raise ApiError(500, str(exc), "server") from None
         finally:
@@ -746,7 +746,7 @@ class Emulator:
                 return
             if completion.reports_usage:
                 yield _sse(completion.usage_chunk(with_choice=answer.tail == "usage_after_finish"))
-        except (EngineError, _MidstreamError) as exc:
+        except (GenerationFailed, _MidstreamError) as exc:
             failure = exc if isinstance(exc, _MidstreamError) else _MidstreamError(500, _server_error(exc))
             completion.failed = True
             self.traffic.errors[failure.status] += 1

@@ -42,8 +42,8 @@ class GeneratedToken:
     top: tuple[tuple[int, float], ...] = ()
 
 
-class EngineError(RuntimeError):
-    """Generation failed; the request gets a server error."""
+class GenerationFailed(RuntimeError):
+    """Generation failed inside the emulator: the client gets a server error, as from a real provider."""
 
 
 class TokenEngine(Protocol):

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from eaglepipe.emulator.backend import EngineError, GeneratedToken, GenerationRequest
+from eaglepipe.emulator.backend import GeneratedToken, GenerationFailed, GenerationRequest
 from eaglepipe.target.kv_cache import as_growing
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class Engine:
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GeneratedToken]:
         """The completion's tokens as they are generated, the stop token included when produced."""
         if self._closing:
-            raise EngineError("the emulator is shutting down")
+            raise GenerationFailed("the emulator is shutting down")
         job = _Job(request, asyncio.get_running_loop())
         self._queue.put(job)
         try:
@@ -93,7 +93,7 @@ class Engine:
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
-                    raise EngineError(f"generation failed: {item}") from item
+                    raise GenerationFailed(f"generation failed: {item}") from item
                 yield item
         finally:
             job.cancelled = True  # a client that went away frees its row at the next step
@@ -155,7 +155,7 @@ class Engine:
         produced = [0] * len(jobs)
         while True:
             if self._closing:
-                raise EngineError("the emulator is shutting down")
+                raise GenerationFailed("the emulator is shutting down")
             tokens = self._next_tokens(logits, jobs)
             keep = []
             for row, job in enumerate(jobs):

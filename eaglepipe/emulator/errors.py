@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from eaglepipe.errors import EaglepipeError
 
-class EmulatorError(RuntimeError):
+
+class EmulatorError(EaglepipeError, RuntimeError):
     """Bad config or a server that could not start: one line saying what to fix."""
 
 

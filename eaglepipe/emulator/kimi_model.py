@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglepipe.emulator.backend import EngineError, GenerationRequest
+from eaglepipe.emulator.backend import GenerationFailed, GenerationRequest
 from eaglepipe.emulator.completion import Completion
 from eaglepipe.emulator.kimi_mode import (
     call_deltas,
@@ -117,7 +117,7 @@ class GrowingReply:
         for field, now in (("reasoning", reasoning), ("content", content)):
             before = getattr(self, field)
             if not now.startswith(before):
-                raise EngineError(
+                raise GenerationFailed(
                     f"the {field} sent so far ({before[-40:]!r}) is not a prefix of the answer's "
                     f"{field} ({now[:80]!r}): the emulator's stream parser is wrong"
                 )

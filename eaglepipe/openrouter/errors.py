@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from eaglepipe.errors import EaglepipeError
+
 if TYPE_CHECKING:  # the spend plan imports this module while Snakemake parses: keep httpx out of it
     import httpx
 
 MAX_DETAIL_CHARS = 200
 
 
-class OpenRouterError(Exception):
+class OpenRouterError(EaglepipeError):
     """A problem the user can fix: the message is one line naming the file, key or prompt and what to do."""
 
 

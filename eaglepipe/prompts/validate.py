@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglepipe.errors import EaglepipeError
+
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class PromptError(ValueError):
+class PromptError(EaglepipeError, ValueError):
     """A prompt source the user must fix; the message is one line naming where and what to do."""
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.errors import EaglepipeError
+
 # Checkpoints that hold a language model beside other towers, and where its weights live in them.
 NESTED_TEXT_WEIGHTS = {"kimi_k25": "language_model."}
 DEEPSEEK_FAMILY = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
@@ -31,7 +33,7 @@ def published_config_dir(name: str) -> Path:
     return PUBLISHED / name
 
 
-class TargetConfigError(ValueError):
+class TargetConfigError(EaglepipeError, ValueError):
     """A target config.json a stage cannot use as it is: one line naming the file and key."""
 
 

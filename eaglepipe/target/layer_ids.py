@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglepipe.errors import EaglepipeError
 
-class AuxLayerError(ValueError):
+
+class AuxLayerError(EaglepipeError, ValueError):
     """Aux-layer ids some engine would read as other layers, or outside the target: one line."""
 
 

@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from eaglepipe.errors import EaglepipeError
+
 TextKind = Literal[
     "role", "message", "tools", "tool_result", "reasoning", "content", "tool_call_id", "tool_arguments"
 ]
 
 
-class RenderError(ValueError):
+class RenderError(EaglepipeError, ValueError):
     """A conversation or tool schema a chat format cannot render, in one line."""
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eaglepipe.errors import EaglepipeError
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.kimi_tokenizer import KimiTokenizer
@@ -152,7 +153,7 @@ RECIPE_VERSION = 2
 STAMP = "eaglepipe-tiny-target.json"
 
 
-class TinyTargetError(ValueError):
+class TinyTargetError(EaglepipeError, ValueError):
     """A tiny target that cannot be built as asked: one line."""
 
 

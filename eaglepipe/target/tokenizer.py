@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from eaglepipe.errors import EaglepipeError
+
 if TYPE_CHECKING:
     from eaglepipe.target.chat_format import ChatFormat
 
 
-class TokenizerError(ValueError):
+class TokenizerError(EaglepipeError, ValueError):
     """A tokenizer file or lookup problem, in one line."""
 
 

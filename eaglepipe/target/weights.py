@@ -10,8 +10,10 @@ from pathlib import Path
 from safetensors import safe_open
 from torch import Tensor
 
+from eaglepipe.errors import EaglepipeError
 
-class TargetFilesError(ValueError):
+
+class TargetFilesError(EaglepipeError, ValueError):
     """The target directory lacks what a stage reads from it: one line naming the file."""
 
 

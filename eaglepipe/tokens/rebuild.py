@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from eaglepipe.errors import EaglepipeError
 from eaglepipe.prompts.records import PromptRecord
 from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_chat import tool_history
@@ -39,7 +40,7 @@ SPLIT_MISS_FLOOR = 2
 SPLIT_MISS_SHARE = 0.05
 
 
-class TokensError(ValueError):
+class TokensError(EaglepipeError, ValueError):
     """A token-stage input problem, in one line."""
 
 

@@ -6,8 +6,10 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from eaglepipe.errors import EaglepipeError
 
-class ReplyError(ValueError):
+
+class ReplyError(EaglepipeError, ValueError):
     """A record the token stage cannot read, in one line."""
 
 

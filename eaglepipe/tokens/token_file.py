@@ -11,8 +11,10 @@ from pathlib import Path
 from safetensors.torch import load_file
 from torch import Tensor
 
+from eaglepipe.errors import EaglepipeError
 
-class TokenFileError(ValueError):
+
+class TokenFileError(EaglepipeError, ValueError):
     """The two files of a set disagree: one line naming them and what to rerun."""
 
 
