@@ -226,10 +226,6 @@ class ApiSettings:
     target_path: str
 
     @classmethod
-    def from_sections(cls, api: dict[str, Any], target_path: str) -> ApiSettings:
-        return cls(**api, target_path=target_path)
-
-    @classmethod
     def from_params(cls, request: dict[str, Any], operational: dict[str, Any]) -> ApiSettings:
         """From `request_params` and `operational_params` as a generate job receives them."""
         fields = ("key_file", "key_file_env", "target_path")
