@@ -96,6 +96,13 @@ def test_the_kimi_k25_drafter_at_config_level():
     print(f"Kimi-K2.5 drafter: {trained / 1e9:.3f} B trained parameters (bf16 {2 * trained / 1e9:.2f} GB)")
 
 
+def test_kimi_k25_hidden_states_in_int3_cost_a_fifth_of_bf16_scales_included():
+    """Issue 38's bar: at most 11.5 KB a token at Kimi-K2.5's width, every scale, id and mask counted."""
+    assert bytes_per_token(KIMI.hidden_size, "int3") == 4 * (7168 * 3 // 8 + 56 * 2) + 5 == 11_205
+    assert bytes_per_token(KIMI.hidden_size, "int3") <= bytes_per_token(KIMI.hidden_size, "bfloat16") / 5
+    assert bytes_per_token(KIMI.hidden_size, "int4") == 4 * (7168 // 2 + 56 * 2) + 5
+
+
 def test_kimi_k25_hidden_states_cost_57344_bytes_per_token_in_bf16():
     per_token = bytes_per_token(KIMI.hidden_size, "bfloat16")
     assert per_token - bytes_per_token(1, "bfloat16") == 4 * 7167 * 2  # 3 aux layers + the final one

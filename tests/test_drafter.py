@@ -295,7 +295,7 @@ def test_row_t_learns_the_target_distribution_at_t_plus_1(manifest, model_dir, a
     drafter.set_draft_vocab(*build_draft_vocab(data.token_counts, 64, 49152))
     hot = drafter.draft_to_target(torch.arange(64))
     _, lm_head = load_target_embeddings(model_dir)
-    sample = load_samples(data.samples[:1])[0]
+    sample = load_samples(data.samples[:1], data.codec)[0]
     with torch.no_grad():
         loss, _, counted = ttt_loss(drafter, Teacher(lm_head, hot), collate([sample], torch.device("cpu")), 1)
         ids, aux = sample.input_ids[None], sample.aux[None]
@@ -320,7 +320,8 @@ def test_evaluation_feeds_the_drafter_as_training_does(manifest, model_dir, targ
     model, _ = target
     torch.manual_seed(2)
     drafter = random_drafter(model_dir, aux_layer_ids)
-    sample = load_samples(open_hidden_data([manifest], holdout_ids=set()).samples[:1])[0]
+    opened = open_hidden_data([manifest], holdout_ids=set())
+    sample = load_samples(opened.samples[:1], opened.codec)[0]
     ids = sample.input_ids[None]
     training = DraftCache()
     with torch.no_grad():
@@ -351,9 +352,10 @@ def test_data_checks_checksums_and_holds_out(manifest, tmp_path):
     data = open_hidden_data([manifest], holdout_ids=HELD_OUT)
     assert {s.prompt_id for s in data.samples} == {c[0] for c in CONVERSATIONS} - HELD_OUT
     assert sorted(data.held_out) == sorted(HELD_OUT) and data.aux_layer_ids == [1, 14, 26]
-    first = load_samples(data.samples[:1])[0]
+    first = load_samples(data.samples[:1], data.codec)[0]
     assert first.aux.shape == (len(first.input_ids), 3 * 576) and first.loss_mask.dtype == torch.bool
-    assert int(data.token_counts.sum()) == sum(int(s.loss_mask.sum()) for s in load_samples(data.samples))
+    loaded = load_samples(data.samples, data.codec)
+    assert int(data.token_counts.sum()) == sum(int(s.loss_mask.sum()) for s in loaded)
 
     broken = json.loads(manifest.read_text())
     broken["shards"][0]["sha256"] = "0" * 64

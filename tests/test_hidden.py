@@ -21,8 +21,8 @@ from eaglepipe.hidden import HiddenError
 from eaglepipe.hidden.backends import CapturedStates
 from eaglepipe.hidden.backends.hf import HFBackend
 from eaglepipe.hidden.extract import HiddenSettings, check_agreement, extract_hidden
-from eaglepipe.hidden.shards import decode_states, encode_states, plan_shards, read_shard_metadata
-from eaglepipe.hidden.storage import select_rows
+from eaglepipe.hidden.shards import GroupCodes, plan_shards, read_shard_metadata, state_codec
+from eaglepipe.hidden.storage import bytes_per_token, select_rows
 from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import AuxLayerError, default_aux_layers
 from eaglepipe.target.load import load_target
@@ -109,29 +109,31 @@ def test_aux_layers_equal_output_hidden_states_exactly_unbatched(tmp_path, model
     assert torch.equal(shard["final"], states[-1][0])
 
 
-def test_rerun_reuses_shards_and_a_layer_change_recomputes(tmp_path, model_dir, token_file, caplog):
+@pytest.mark.parametrize("dtype", ["float32", "int3"])
+def test_rerun_reuses_shards_and_a_layer_change_recomputes(tmp_path, model_dir, token_file, caplog, dtype):
     token_path, _ = token_file
-    extract(token_path, model_dir, tmp_path, shard_tokens=10)
+    extract(token_path, model_dir, tmp_path, shard_tokens=10, dtype=dtype)
     shard = tmp_path / "hidden" / "shard-00001.safetensors"
     before = shard.stat().st_mtime_ns
     caplog.set_level("INFO")
-    extract(token_path, model_dir, tmp_path, shard_tokens=10)
+    extract(token_path, model_dir, tmp_path, shard_tokens=10, dtype=dtype)
     assert shard.stat().st_mtime_ns == before
     assert "2 of 2 shards already written and verified, 0 to compute" in caplog.text
-    manifest = extract(token_path, model_dir, tmp_path, shard_tokens=10, aux_layers=[1, 2, 3])
+    manifest = extract(token_path, model_dir, tmp_path, shard_tokens=10, aux_layers=[1, 2, 3], dtype=dtype)
     assert shard.stat().st_mtime_ns != before
     assert manifest["aux_layer_ids"] == [1, 2, 3]
 
 
-def test_a_shard_that_fails_its_checksum_is_recomputed(tmp_path, model_dir, token_file, caplog):
+@pytest.mark.parametrize("dtype", ["float32", "int3"])
+def test_a_shard_that_fails_its_checksum_is_recomputed(tmp_path, model_dir, token_file, caplog, dtype):
     token_path, _ = token_file
-    clean = extract(token_path, model_dir, tmp_path, shard_tokens=10)
+    clean = extract(token_path, model_dir, tmp_path, shard_tokens=10, dtype=dtype)
     shard = tmp_path / "hidden" / "shard-00000.safetensors"
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0xFF  # a flipped bit inside the states: the header (and the shard key) still read fine
     shard.write_bytes(bytes(data))
     caplog.set_level("INFO")
-    assert extract(token_path, model_dir, tmp_path, shard_tokens=10) == clean
+    assert extract(token_path, model_dir, tmp_path, shard_tokens=10, dtype=dtype) == clean
     assert "1 of 2 shards already written and verified, 1 to compute" in caplog.text
 
 
@@ -186,8 +188,8 @@ def test_fp8_shards_decode_within_fp8_error_of_bf16_ones_and_train_from_them(tmp
     reference = load_file(str(tmp_path / "bf16" / bf16["shards"][0]["path"]))
     stored = load_file(str(tmp_path / "fp8" / fp8["shards"][0]["path"]))
     assert stored["aux"].dtype == torch.float8_e4m3fn and stored["aux_scale"].shape == (21, 3)
-    aux, final = decode_states(stored)
     width = 576
+    aux, final = state_codec("fp8", width).decode(stored)
     for decoded, exact, scale in ((aux.view(21, 3, width), reference["aux"].float().view(21, 3, width),
                                    stored["aux_scale"]),
                                   (final.view(21, 1, width), reference["final"].float().view(21, 1, width),
@@ -200,16 +202,63 @@ def test_fp8_shards_decode_within_fp8_error_of_bf16_ones_and_train_from_them(tmp
         tmp_path / "bf16" / bf16["shards"][0]["path"]).stat().st_size
     # The drafter's loader decodes fp8 shards.
     data = open_hidden_data([tmp_path / "fp8" / "hidden.done"], holdout_ids=set())
-    [sample] = load_samples([ref for ref in data.samples if ref.prompt_id == "c"])
+    [sample] = load_samples([ref for ref in data.samples if ref.prompt_id == "c"], data.codec)
     assert sample.aux.dtype == torch.float32 and torch.equal(sample.aux, aux[11:21])
 
 
 def test_fp8_codec_keeps_each_token_within_fp8_error():
     values = torch.randn(64, 3 * 32) * torch.logspace(-4, 3, 64).unsqueeze(1)  # tokens of any magnitude
     final = torch.randn(64, 32)
-    aux, decoded_final = decode_states(encode_states(values, final, "fp8"))
+    codec = state_codec("fp8", 32)
+    aux, decoded_final = codec.decode(codec.encode(values, final))
     assert bool(((aux - values).abs() <= values.abs() * 2**-4 + values.abs().amax() * 1e-6).all())
     assert float(((decoded_final - final).abs() / final.abs().clamp(min=1e-3)).median()) < 2**-5
+
+
+@pytest.mark.parametrize("dtype", ["int4", "int3"])
+def test_group_codes_shards_hold_a_fifth_and_decode_within_their_step(tmp_path, model_dir, token_file, dtype):
+    """What the loader reads back from an int4 / int3 shard is the float32 states up to the quantizer's own
+    error (bf16 compute adds its share), at the bytes the plan counts; training opens them as any shard."""
+    token_path, _ = token_file
+    exact = extract(token_path, model_dir, tmp_path / "float32", dtype="float32")
+    packed = extract(token_path, model_dir, tmp_path / dtype, dtype=dtype)
+    reference = load_file(str(tmp_path / "float32" / exact["shards"][0]["path"]))
+    stored = load_file(str(tmp_path / dtype / packed["shards"][0]["path"]))
+    assert stored["aux"].dtype == torch.uint8 and stored["aux_scale"].dtype == torch.bfloat16
+    aux, final = state_codec(dtype, 576).decode(stored)
+    bound = {"int4": 0.15, "int3": 0.3}[dtype]  # about 0.1 and 0.2 for Gaussian-like groups
+    for decoded, want in ((aux, reference["aux"]), (final, reference["final"])):
+        assert float((decoded - want).norm() / want.norm()) < bound
+    per_token = bytes_per_token(576, dtype)
+    # SmolLM2's 576 is tiled by groups of 64 (Kimi-K2.5's 7168 by 128): a little more scale per value.
+    assert per_token <= bytes_per_token(576, "bfloat16") / {"int4": 3.7, "int3": 4.8}[dtype]
+    tokens = packed["shards"][0]["num_tokens"]
+    assert sum(t.numel() * t.element_size() for t in stored.values()) <= per_token * tokens + 8 * (
+        packed["shards"][0]["num_samples"] + 1)  # the offsets
+    data = open_hidden_data([tmp_path / dtype / "hidden.done"], holdout_ids=set())
+    [sample] = load_samples([ref for ref in data.samples if ref.prompt_id == "c"], data.codec)
+    assert torch.equal(sample.aux, aux[11:21]) and torch.equal(sample.final, final[11:21])
+
+
+@pytest.mark.parametrize("bits", [4, 3])
+def test_group_codes_pack_every_code_and_turn_outliers_into_their_group(bits):
+    codec = GroupCodes(bits, 256)
+    codes = torch.randint(0, 2**bits, (5, 256), dtype=torch.uint8)
+    assert codec._pack(codes).shape == (5, 256 * bits // 8)
+    assert torch.equal(codec._unpack(codec._pack(codes)), codes.long())
+    assert torch.allclose(codec.rotation @ codec.rotation, torch.eye(128), atol=1e-6)
+    # One channel a thousand times the rest (as a target's hidden states have): after the turn its group
+    # keeps the other values to the same relative error as a group without it.
+    values = torch.randn(64, 3 * 256)
+    values[:, 7] *= 1000
+    aux, _ = codec.decode(codec.encode(values, torch.randn(64, 256)))
+    error = ((aux - values).reshape(64, 6, 128).norm(dim=-1) / values.reshape(64, 6, 128).norm(dim=-1))
+    assert float(error.max()) < {4: 0.2, 3: 0.4}[bits]
+
+
+def test_group_codes_refuse_a_width_their_groups_cannot_tile():
+    with pytest.raises(HiddenError, match="not a multiple of 8.*bfloat16 or fp8"):
+        state_codec("int3", 100)
 
 
 def test_the_agreement_check_names_the_prompt_whose_ids_the_engine_changed(model_dir):

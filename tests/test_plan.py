@@ -400,7 +400,7 @@ def test_disk_counts_four_layers_of_every_token_still_to_extract(tmp_path):
         ("done", None),
     ]
     formula = ("tokens x 4 layers x hidden 8 (the target's config.json) x 2 B (hidden.dtype bfloat16), "
-               "with ids, masks: 69 B per token")
+               "with ids and masks: 69 B per token")
     assert formula in format_plan(plan)
 
 
@@ -414,10 +414,22 @@ def test_disk_follows_the_sample_caps_and_fp8(tmp_path):
     plan = plan_of(tmp_path, config)
     assert [s.disk_bytes for s in plan.sets] == [30 * per_token, 600 * per_token]
     text = format_plan(plan)
-    assert "x 1 B (hidden.dtype fp8), with ids, masks and fp8 scales: 53 B per token" in text
+    assert "x 1 B, one float32 scale a layer (hidden.dtype fp8), with ids and masks: 53 B per token" in text
     assert "per set at most 1 samples (hidden.max_samples)" in text
     tokens_cap = make_config(tmp_path, ["A", "C"], hidden={"max_tokens": 500})
     assert [s.disk_bytes for s in plan_of(tmp_path, tokens_cap).sets] == [60 * 69, 500 * 69]
+
+
+def test_disk_follows_the_group_codes(tmp_path):
+    """int3 at a width of 64: 24 B of codes and one 2-byte scale a layer, four layers, id and mask."""
+    config = make_config(tmp_path, ["A"], hidden={"dtype": "int3"})
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    write_prompts(tmp_path, "A", 4)
+    text = format_plan(plan_of(tmp_path, config))
+    per_token = 4 * (64 * 3 // 8 + 2) + 5
+    cost = "x 3 bits, one bfloat16 scale a group (hidden.dtype int3)"
+    assert f"{cost}, with ids and masks: {per_token} B per token" in text
 
 
 def test_hidden_size_is_read_flat_or_nested_and_unknown_without_a_config(tmp_path):

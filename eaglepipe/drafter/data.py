@@ -17,11 +17,11 @@ from safetensors import safe_open
 from torch import Tensor
 
 from eaglepipe.drafter import DrafterError
-from eaglepipe.hidden.shards import decode_states, read_shard_metadata
+from eaglepipe.hidden.shards import StateCodec, read_shard_metadata, state_codec
 from eaglepipe.io import file_sha256
 
 SHARD_TENSORS = ("aux", "final", "input_ids", "loss_mask", "offsets")
-FP8_SCALES = ("aux_scale", "final_scale")  # fp8 shards: one float32 scale per token and stored layer
+STATE_SCALES = ("aux_scale", "final_scale")  # fp8, int4 and int3 shards: the scales of their codes
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class TrainingSample:
     """One sample's ids, loss mask and hidden states, loaded from its shard for training."""
 
     prompt_id: str
-    aux: Tensor  # [T, 3H], the shard's dtype (float32 for fp8 shards, decoded)
+    aux: Tensor  # [T, 3H], the shard's dtype (float32 for fp8, int4 and int3 shards, decoded)
     final: Tensor  # [T, H], after the target's final norm
     input_ids: Tensor  # int64 [T]
     loss_mask: Tensor  # bool [T], True on completion tokens
@@ -55,6 +55,11 @@ class HiddenData:
     aux_layer_ids: list[int]
     hidden_size: int
     token_counts: Tensor  # int64 [max id + 1]: completion tokens of the kept samples, by target id
+    dtype: str = "float32"  # hidden.dtype the shards were stored in
+
+    @property
+    def codec(self) -> StateCodec:
+        return state_codec(self.dtype, self.hidden_size)
 
 
 def open_hidden_data(manifests: list[Path], *, holdout_ids: set[str]) -> HiddenData:
@@ -62,14 +67,14 @@ def open_hidden_data(manifests: list[Path], *, holdout_ids: set[str]) -> HiddenD
     samples: list[SampleRef] = []
     held_out: list[str] = []
     counts = torch.zeros(0, dtype=torch.long)
-    layout: tuple[list[int], int] | None = None
+    layout: tuple[list[int], int, str] | None = None
     for source, manifest_path in enumerate(manifests):
         manifest = _read_manifest(manifest_path)
-        this_layout = (manifest["aux_layer_ids"], manifest["hidden_size"])
+        this_layout = (manifest["aux_layer_ids"], manifest["hidden_size"], manifest["dtype"])
         if layout is not None and this_layout != layout:
             raise DrafterError(
-                f"{manifest_path}: aux_layer_ids/hidden_size {this_layout} differ from "
-                f"{manifests[0]} {layout}: extract every set with the same target and layers"
+                f"{manifest_path}: aux_layer_ids/hidden_size/dtype {this_layout} differ from "
+                f"{manifests[0]} {layout}: extract every set with the same target, layers and hidden.dtype"
             )
         layout = this_layout
         listed: list[str] = []
@@ -88,11 +93,12 @@ def open_hidden_data(manifests: list[Path], *, holdout_ids: set[str]) -> HiddenD
             raise DrafterError(f"{manifest_path}: prompt_ids differ from its shards': rerun the hidden stage")
     if layout is None:
         raise DrafterError("no hidden-state manifests given: list at least one hidden.done")
-    return HiddenData(samples, held_out, list(layout[0]), layout[1], counts)
+    return HiddenData(samples, held_out, list(layout[0]), layout[1], counts, layout[2])
 
 
-def load_samples(refs: list[SampleRef]) -> list[TrainingSample]:
-    """Read the samples' slices, in the order given."""
+def load_samples(refs: list[SampleRef], codec: StateCodec) -> list[TrainingSample]:
+    """Read the samples' slices, in the order given; `codec`: how their shards store the states
+    (HiddenData.codec)."""
     by_shard: dict[Path, list[int]] = defaultdict(list)
     for i, ref in enumerate(refs):
         by_shard[ref.shard].append(i)
@@ -100,13 +106,12 @@ def load_samples(refs: list[SampleRef]) -> list[TrainingSample]:
     for shard, indices in by_shard.items():
         with safe_open(str(shard), framework="pt") as tensors:
             stored = set(tensors.keys())  # safe_open supports no `in`
-            names = [name for name in (*SHARD_TENSORS, *FP8_SCALES) if name in stored and name != "offsets"]
+            names = [name for name in (*SHARD_TENSORS, *STATE_SCALES) if name in stored and name != "offsets"]
             slices = {name: tensors.get_slice(name) for name in names}
             for i in indices:
                 ref = refs[i]
                 rows = {name: piece[ref.start : ref.stop] for name, piece in slices.items()}
-                fp8 = "aux_scale" in rows
-                aux, final = decode_states(rows, torch.float32 if fp8 else rows["aux"].dtype)
+                aux, final = codec.decode(rows)
                 loaded[i] = TrainingSample(
                     prompt_id=ref.prompt_id,
                     aux=aux,
@@ -129,7 +134,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise DrafterError(f"{path}: cannot read the manifest ({err}): rerun the hidden stage") from None
-    for key in ("shards", "prompt_ids", "aux_layer_ids", "hidden_size"):
+    for key in ("shards", "prompt_ids", "aux_layer_ids", "hidden_size", "dtype"):
         if key not in manifest:
             raise DrafterError(f"{path}: manifest lacks {key!r}: rerun the hidden stage")
     for key, expected in (("layer_convention", "output"), ("final_norm", "after")):
@@ -147,26 +152,24 @@ def _check_shard(
     if file_sha256(shard) != entry["sha256"]:
         raise DrafterError(f"{shard}: sha256 differs from {manifest_path}: rerun the hidden stage")
     width = manifest["hidden_size"]
-    with safe_open(str(shard), framework="pt") as tensors:
-        available = set(tensors.keys())
-        required = SHARD_TENSORS + (FP8_SCALES if manifest.get("dtype") == "fp8" else ())
-        missing = [name for name in required if name not in available]
-        if missing:
-            raise DrafterError(f"{shard}: lacks tensors {missing}: rerun the hidden stage")
-        metadata = read_shard_metadata(tensors.metadata())
-        shapes = {name: tensors.get_slice(name).get_shape() for name in SHARD_TENSORS}
-        offsets = tensors.get_tensor("offsets").long()
-        input_ids = tensors.get_tensor("input_ids").long()
-        loss_mask = tensors.get_tensor("loss_mask").bool()
-    prompt_ids = metadata.get("prompt_ids") or []
     tokens = entry["num_tokens"]
     expected = {
-        "aux": [tokens, 3 * width],
-        "final": [tokens, width],
+        **state_codec(manifest["dtype"], width).shapes(tokens),
         "input_ids": [tokens],
         "loss_mask": [tokens],
         "offsets": [entry["num_samples"] + 1],
     }
+    with safe_open(str(shard), framework="pt") as tensors:
+        available = set(tensors.keys())
+        missing = [name for name in expected if name not in available]
+        if missing:
+            raise DrafterError(f"{shard}: lacks tensors {missing}: rerun the hidden stage")
+        metadata = read_shard_metadata(tensors.metadata())
+        shapes = {name: tensors.get_slice(name).get_shape() for name in expected}
+        offsets = tensors.get_tensor("offsets").long()
+        input_ids = tensors.get_tensor("input_ids").long()
+        loss_mask = tensors.get_tensor("loss_mask").bool()
+    prompt_ids = metadata.get("prompt_ids") or []
     consistent = (
         all(list(shape) == expected[name] for name, shape in shapes.items())
         and int(offsets[0]) == 0

@@ -37,6 +37,7 @@ from eaglepipe.drafter.export import export_drafter
 from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import DraftCache, Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.vocab import build_draft_vocab
+from eaglepipe.hidden.shards import StateCodec
 from eaglepipe.io import file_sha256, write_json
 from eaglepipe.progress import StepProgress
 from eaglepipe.target.architecture import TargetArchitecture
@@ -159,7 +160,7 @@ def train_drafter(
     checkpoints = Checkpoints(checkpoint_dir, settings.checkpoint_every, fingerprint)
     snapshots = Snapshots(snapshot_dir, checkpoint_dir, settings.curve_points, fingerprint)
     fit_started = time.perf_counter()
-    progress = _fit(drafter, teacher, batches, settings, checkpoints, snapshots)
+    progress = _fit(drafter, teacher, batches, data.codec, settings, checkpoints, snapshots)
     fit_seconds = time.perf_counter() - fit_started
     ranks = DataParallel.current()
     if ranks.rank == 0:  # every rank holds the same weights
@@ -279,6 +280,7 @@ def _fit(
     drafter: Eagle3Drafter,
     teacher: Teacher,
     batches: list[list[SampleRef]],
+    codec: StateCodec,
     settings: TrainSettings,
     checkpoints: Checkpoints,
     snapshots: Snapshots,
@@ -333,7 +335,7 @@ def _fit(
         loss_sum, tokens = 0.0, 0
         correct = counted = torch.zeros(settings.ttt_length, dtype=torch.long)
         for index in mine:
-            batch = collate(load_samples(batches[index]), device, key=index)
+            batch = collate(load_samples(batches[index], codec), device, key=index)
             with autocast:
                 loss, batch_correct, batch_counted = ttt_loss(drafter, teacher, batch, settings.ttt_length)
             (loss / len(mine)).backward()

@@ -28,14 +28,14 @@ from eaglepipe.hidden.backends import (
 )
 from eaglepipe.hidden.shards import (
     ShardPlan,
-    encode_states,
     manifest_entry,
     plan_shards,
     reusable_entry,
     shard_key,
+    state_codec,
     write_shard,
 )
-from eaglepipe.hidden.storage import bytes_per_token, check_free_disk, select_rows
+from eaglepipe.hidden.storage import PACKED_BITS, bytes_per_token, check_free_disk, select_rows
 from eaglepipe.io import file_sha256, write_json
 from eaglepipe.progress import StepProgress
 from eaglepipe.target.architecture import TargetArchitecture
@@ -53,7 +53,7 @@ class HiddenSettings:
     target_name: str
     backend: BackendSettings
     aux_layers: list[int] | None
-    dtype: str  # stored: float32 | bfloat16 | float16 | fp8
+    dtype: str  # stored: float32 | bfloat16 | float16 | fp8 | int4 | int3
     shard_tokens: int
     max_samples: int | None
     max_tokens: int | None
@@ -85,8 +85,8 @@ class HiddenSettings:
 
 
 def compute_dtype_for(dtype: str) -> str:
-    """fp8 is a storage format: the target runs in bf16 and each token is scaled into fp8 when stored."""
-    return "bfloat16" if dtype == "fp8" else dtype
+    """fp8, int4 and int3 are storage formats: the target runs in bf16, each token is encoded when stored."""
+    return "bfloat16" if dtype == "fp8" or dtype in PACKED_BITS else dtype
 
 
 @dataclass
@@ -263,7 +263,7 @@ def _compute_shard(
     entry = write_shard(
         shard_dir / plan.name,
         key,
-        encode_states(aux, final, dtype),
+        state_codec(dtype, final.shape[1]).encode(aux, final),
         samples,
         data.masks[plan.first : plan.last],
         prompt_ids,

@@ -7,17 +7,21 @@ that shard alone is computed again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from eaglepipe.hidden.storage import PACKED_BITS, group_size
 from eaglepipe.io import atomic_write, file_sha256, write_json
 
 METADATA_KEY = "eaglepipe"
@@ -82,36 +86,169 @@ def reusable_entry(shard: Path, key: str) -> dict[str, Any] | None:
     return {name: record[name] for name in ("sha256", "num_samples", "num_tokens")}
 
 
-def encode_states(aux: Tensor, final: Tensor, dtype: str) -> dict[str, Tensor]:
-    """Stored tensors. fp8 (e4m3) keeps one float32 scale per token and layer (its absolute maximum over
-    448), so each token's vector uses fp8's full range whatever its magnitude."""
-    if dtype != "fp8":
+class StateCodec(Protocol):
+    """How a shard stores the three aux layers and the final state (`hidden.dtype`)."""
+
+    def encode(self, aux: Tensor, final: Tensor) -> dict[str, Tensor]:
+        """aux [T, 3H], final [T, H] -> the shard's state tensors."""
+        ...
+
+    def decode(self, tensors: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(aux [T, 3H], final [T, H]) from a shard's (or a slice of a shard's) state tensors."""
+        ...
+
+    def shapes(self, tokens: int) -> dict[str, list[int]]:
+        """The state tensors a shard of `tokens` tokens holds, by name."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlainStates:
+    """The states as a torch dtype (float32, bfloat16, float16), decoded as stored."""
+
+    dtype: str
+    hidden_size: int
+
+    def encode(self, aux: Tensor, final: Tensor) -> dict[str, Tensor]:
+        dtype = getattr(torch, self.dtype)
+        return {"aux": aux.to(dtype).contiguous(), "final": final.to(dtype).contiguous()}
+
+    def decode(self, tensors: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        return tensors["aux"], tensors["final"]
+
+    def shapes(self, tokens: int) -> dict[str, list[int]]:
+        return {"aux": [tokens, 3 * self.hidden_size], "final": [tokens, self.hidden_size]}
+
+
+@dataclass(frozen=True)
+class Fp8States:
+    """fp8 (e4m3) with one float32 scale per token and layer (its absolute maximum over 448), so each
+    token's vector uses fp8's full range whatever its magnitude."""
+
+    hidden_size: int
+
+    def encode(self, aux: Tensor, final: Tensor) -> dict[str, Tensor]:
+        layers = aux.shape[1] // self.hidden_size
+        aux_codes, aux_scale = _fp8(aux.float().reshape(aux.shape[0], layers, self.hidden_size))
+        final_codes, final_scale = _fp8(final.float().unsqueeze(1))
         return {
-            "aux": aux.to(getattr(torch, dtype)).contiguous(),
-            "final": final.to(getattr(torch, dtype)).contiguous(),
+            "aux": aux_codes.reshape(aux.shape).contiguous(),
+            "aux_scale": aux_scale.contiguous(),
+            "final": final_codes.reshape(final.shape).contiguous(),
+            "final_scale": final_scale.contiguous(),
         }
-    layers = aux.shape[1] // final.shape[1]
-    aux_codes, aux_scale = _fp8(aux.float().reshape(aux.shape[0], layers, final.shape[1]))
-    final_codes, final_scale = _fp8(final.float().unsqueeze(1))
-    return {
-        "aux": aux_codes.reshape(aux.shape).contiguous(),
-        "aux_scale": aux_scale.contiguous(),
-        "final": final_codes.reshape(final.shape).contiguous(),
-        "final_scale": final_scale.contiguous(),
-    }
+
+    def decode(self, tensors: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        aux, final = tensors["aux"], tensors["final"]
+        tokens = final.shape[0]
+        aux = aux.float().reshape(tokens, -1, self.hidden_size) * tensors["aux_scale"].unsqueeze(-1)
+        return aux.reshape(tokens, -1), final.float() * tensors["final_scale"]
+
+    def shapes(self, tokens: int) -> dict[str, list[int]]:
+        return {
+            "aux": [tokens, 3 * self.hidden_size],
+            "aux_scale": [tokens, 3],
+            "final": [tokens, self.hidden_size],
+            "final_scale": [tokens, 1],
+        }
 
 
-def decode_states(
-    tensors: dict[str, Tensor], out_dtype: torch.dtype = torch.float32
-) -> tuple[Tensor, Tensor]:
-    """(aux, final) as `out_dtype` from a shard's (or a slice of a shard's) stored tensors."""
-    aux, final = tensors["aux"], tensors["final"]
-    if aux.dtype != FP8:
-        return aux.to(out_dtype), final.to(out_dtype)
-    tokens, width = final.shape
-    aux = aux.float().reshape(tokens, -1, width) * tensors["aux_scale"].unsqueeze(-1)
-    final = final.float() * tensors["final_scale"]
-    return aux.reshape(tokens, -1).to(out_dtype), final.to(out_dtype)
+@dataclass(frozen=True)
+class GroupCodes:
+    """`bits`-bit codes with one bfloat16 scale per group of values (storage.group_size), packed eight
+    codes to `bits` bytes.
+
+    Each group is first turned by the orthonormal Hadamard matrix of its size: a target's hidden states
+    carry a few channels hundreds of times larger than the rest, which would set their group's scale and
+    round its other values to nothing; turned, the outlier's weight spreads over the group. The levels sit
+    at odd multiples of half a step around zero, (code - (2^bits - 1) / 2) x scale, the group's absolute
+    maximum on the outermost, so all 2^bits codes are used. A bfloat16 scale has float32's range, so no
+    outlier overflows it; the codes are rounded against that stored scale.
+    """
+
+    bits: int
+    hidden_size: int
+
+    @property
+    def group(self) -> int:
+        return group_size(self.hidden_size)
+
+    @property
+    def half(self) -> float:
+        return (2**self.bits - 1) / 2
+
+    @functools.cached_property
+    def rotation(self) -> Tensor:
+        """Sylvester's Hadamard matrix over sqrt(group): symmetric and orthonormal, its own inverse."""
+        matrix = torch.ones(1, 1)
+        while len(matrix) < self.group:
+            matrix = torch.cat([torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)])
+        return matrix / math.sqrt(self.group)
+
+    def encode(self, aux: Tensor, final: Tensor) -> dict[str, Tensor]:
+        aux_codes, aux_scale = self._quantize(aux)
+        final_codes, final_scale = self._quantize(final)
+        return {"aux": aux_codes, "aux_scale": aux_scale, "final": final_codes, "final_scale": final_scale}
+
+    def decode(self, tensors: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        return (
+            self._dequantize(tensors["aux"], tensors["aux_scale"]),
+            self._dequantize(tensors["final"], tensors["final_scale"]),
+        )
+
+    def shapes(self, tokens: int) -> dict[str, list[int]]:
+        codes, scales = self.hidden_size * self.bits // 8, self.hidden_size // self.group
+        return {
+            "aux": [tokens, 3 * codes],
+            "aux_scale": [tokens, 3 * scales],
+            "final": [tokens, codes],
+            "final_scale": [tokens, scales],
+        }
+
+    def _quantize(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        """[T, k*H] -> (packed codes uint8 [T, k*H*bits/8], scales bfloat16 [T, k*H/group]); a few
+        thousand tokens at a time, so a shard's worth never needs its int64 packing words at once."""
+        codes, scales = [], []
+        for chunk in states.split(QUANTIZE_CHUNK_TOKENS):
+            groups = chunk.float().reshape(len(chunk), -1, self.group) @ self.rotation
+            scale = (groups.abs().amax(-1) / self.half).clamp(min=torch.finfo(torch.bfloat16).tiny)
+            scale = scale.to(torch.bfloat16)
+            level = (groups / scale.float().unsqueeze(-1) + self.half).round().clamp(0, 2**self.bits - 1)
+            codes.append(self._pack(level.to(torch.uint8).reshape(len(chunk), -1)))
+            scales.append(scale)
+        return torch.cat(codes).contiguous(), torch.cat(scales).contiguous()
+
+    def _dequantize(self, packed: Tensor, scale: Tensor) -> Tensor:
+        level = self._unpack(packed).float().reshape(len(packed), -1, self.group)
+        turned = (level - self.half) * scale.float().unsqueeze(-1)
+        return (turned @ self.rotation).reshape(len(packed), -1)
+
+    def _pack(self, codes: Tensor) -> Tensor:
+        """[T, N] codes below 2^bits -> [T, N*bits/8] bytes: eight codes make one little-endian word."""
+        eights = codes.reshape(len(codes), -1, 8).long()
+        word = (eights << (self.bits * torch.arange(8))).sum(-1, keepdim=True)
+        packed = (word >> (8 * torch.arange(self.bits))) & 0xFF
+        return packed.to(torch.uint8).reshape(len(codes), -1)
+
+    def _unpack(self, packed: Tensor) -> Tensor:
+        words = packed.reshape(len(packed), -1, self.bits).long()
+        word = (words << (8 * torch.arange(self.bits))).sum(-1, keepdim=True)
+        codes = (word >> (self.bits * torch.arange(8))) & (2**self.bits - 1)
+        return codes.reshape(len(packed), -1)
+
+
+# Tokens quantized at once: bounds the int64 packing words (8 B a value) to a few hundred MB at 7168 wide.
+QUANTIZE_CHUNK_TOKENS = 2048
+
+
+def state_codec(dtype: str, hidden_size: int) -> StateCodec:
+    """The codec of `hidden.dtype` for states `hidden_size` wide."""
+    if dtype == "fp8":
+        return Fp8States(hidden_size)
+    if dtype in PACKED_BITS:
+        group_size(hidden_size)  # a width the groups cannot tile is refused before any state is computed
+        return GroupCodes(PACKED_BITS[dtype], hidden_size)
+    return PlainStates(dtype, hidden_size)
 
 
 def _fp8(values: Tensor) -> tuple[Tensor, Tensor]:

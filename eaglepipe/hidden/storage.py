@@ -11,12 +11,40 @@ from eaglepipe.hidden import HiddenError
 
 STORED_LAYERS = 4  # three auxiliary layers and the final one
 BYTES_PER_VALUE = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+# Group-quantized formats: `bits` per value, one float16 scale per group of at most MAX_GROUP values.
+PACKED_BITS = {"int4": 4, "int3": 3}
+MAX_GROUP = 128
+SCALE_BYTES = 2
 # Per token beside the states: the int32 id and the uint8 loss mask; fp8 adds one float32 scale per layer.
 ID_AND_MASK_BYTES = 5
 FP8_SCALE_BYTES = 4 * STORED_LAYERS
 
 
+def group_size(hidden_size: int) -> int:
+    """The largest power of two from 8 to 128 that divides the width: codes pack into whole bytes, groups
+    never straddle a layer's end, and a Hadamard rotation of that size exists (shards.GroupCodes)."""
+    size = MAX_GROUP
+    while size >= 8 and hidden_size % size:
+        size //= 2
+    if size < 8:
+        raise HiddenError(
+            f"hidden size {hidden_size} is not a multiple of 8: store it as hidden.dtype bfloat16 or fp8"
+        )
+    return size
+
+
+def value_cost(dtype: str) -> str:
+    """What one stored value costs, and what comes with it, in words for the plan's disk line."""
+    if dtype in PACKED_BITS:
+        return f"{PACKED_BITS[dtype]} bits, one bfloat16 scale a group"
+    return f"{BYTES_PER_VALUE[dtype]} B" + (", one float32 scale a layer" if dtype == "fp8" else "")
+
+
 def bytes_per_token(hidden_size: int, dtype: str) -> int:
+    if dtype in PACKED_BITS:
+        groups = hidden_size // group_size(hidden_size)
+        per_layer = hidden_size * PACKED_BITS[dtype] // 8 + groups * SCALE_BYTES
+        return STORED_LAYERS * per_layer + ID_AND_MASK_BYTES
     scales = FP8_SCALE_BYTES if dtype == "fp8" else 0
     return STORED_LAYERS * hidden_size * BYTES_PER_VALUE[dtype] + scales + ID_AND_MASK_BYTES
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.hidden.storage import BYTES_PER_VALUE, STORED_LAYERS
+from eaglepipe.hidden.storage import STORED_LAYERS, value_cost
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.plan.estimate import BYTES_PER_TOKEN, shard_bytes_per_token
 from eaglepipe.plan.hours import Hours
@@ -230,8 +230,8 @@ def _shard_line(plan: SpendPlan) -> str:
     caps = plan.hidden_caps
     return (
         f"shard disk: tokens x {STORED_LAYERS} layers x hidden {plan.hidden_size:,} "
-        f"({plan.hidden_size_source}) x {BYTES_PER_VALUE[plan.dtype]} B (hidden.dtype {plan.dtype}), "
-        f"with ids, masks{' and fp8 scales' if plan.dtype == 'fp8' else ''}: {per_token:,} B per token"
+        f"({plan.hidden_size_source}) x {value_cost(plan.dtype)} (hidden.dtype {plan.dtype}), "
+        f"with ids and masks: {per_token:,} B per token"
         + (f"; per set at most {caps}" if caps else "")
         + "; at what the budget buys"
     )
