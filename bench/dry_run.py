@@ -30,8 +30,10 @@ from pathlib import Path
 import yaml
 
 from eaglepipe.config import validate_config
+from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.fingerprint import config_fingerprint
 from eaglepipe.openrouter.journal import RECORDS_FILE, load_done, tally_done
+from eaglepipe.openrouter.ledger import LEDGER_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,41 +60,49 @@ def dry_run_seconds(workdir: Path, repeats: int) -> list[tuple[float, float]]:
 def fill_demo_tree(workdir: Path) -> None:
     """What `make demo` leaves that the real plan could trip on: a ledger with money, providers.json,
     journals and finished per-set files, a drafter."""
-    root = workdir / "results" / "demo"
-    (root / ".ledger").mkdir(parents=True)
+    demo = RunLayout.from_paths(workdir / "results" / "demo", workdir / "results" / "demo" / "prompts")
+    demo.ledger.mkdir(parents=True)
     billed = {"event": "billed", "set": "demo-chat", "generation_id": "g", "usd": 0.0186, "outcome": "kept"}
-    (root / ".ledger" / "ledger.jsonl").write_text(json.dumps(billed) + "\n")
-    (root / "providers.json").write_text(json.dumps({"model": "local/smollm2-135m-instruct", "kept": []}))
+    (demo.ledger / LEDGER_FILE).write_text(json.dumps(billed) + "\n")
+    demo.providers.write_text(json.dumps({"model": "local/smollm2-135m-instruct", "kept": []}))
     for ds in ("demo-chat", "demo-code", "demo-math", "demo-multiturn", "demo-tools"):
-        (root / ds / ".journal").mkdir(parents=True)
-        (root / ds / ".journal" / RECORDS_FILE).write_text(json.dumps({"prompt_id": "p"}) + "\n")
-        for name in ("responses.jsonl", "tokens.safetensors", "tokens.json", "hidden.done"):
-            (root / ds / name).write_text("")
-    (root / "drafter").mkdir()
-    for name in ("config.json", "model.safetensors", "eval.json"):
-        (root / "drafter" / name).write_text("{}")
+        demo.journal(ds).mkdir(parents=True)
+        (demo.journal(ds) / RECORDS_FILE).write_text(json.dumps({"prompt_id": "p"}) + "\n")
+        for member in (demo.responses, demo.tokens, demo.token_stats, demo.hidden_done):
+            member(ds).write_text("")
+    demo.drafter.mkdir()
+    for path in (demo.drafter_config, demo.drafter_weights, demo.evaluation):
+        path.write_text("{}")
 
 
 def fill_mid_run_tree(workdir: Path, prompts: int, answered: int, answer_kb: int, fingerprint: str) -> None:
     """Real-config sets B1..B8 with built prompt sets and partly written journals."""
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    layout = real_layout(workdir)
     filler = "x" * (answer_kb * 1024)
-    for ds in config["datasets"]:
+    for ds in real_sets():
         ids = [hashlib.sha256(f"{ds}-{i}".encode()).hexdigest() for i in range(prompts)]
-        prompt_dir = workdir / "resources" / "prompts"
-        prompt_dir.mkdir(parents=True, exist_ok=True)
-        with open(prompt_dir / f"{ds}.jsonl", "w") as handle:
+        layout.prompts.mkdir(parents=True, exist_ok=True)
+        with open(layout.prompt_set(ds), "w") as handle:
             for pid in ids:
                 message = {"role": "user", "content": f"Question {pid[:8]}: " + "explain " * 80}
                 handle.write(json.dumps({"id": pid, "messages": [message]}) + "\n")
-        journal = workdir / "results" / ds / ".journal"
-        journal.mkdir(parents=True)
-        with open(journal / RECORDS_FILE, "w") as handle:
+        layout.journal(ds).mkdir(parents=True)
+        with open(layout.journal(ds) / RECORDS_FILE, "w") as handle:
             for pid in ids[:answered]:
                 record = {"prompt_id": pid, "fingerprint": fingerprint,
                           "response": {"content": filler, "reasoning": filler[: len(filler) // 2]},
                           "usage": {"prompt_tokens": 300, "completion_tokens": 1700, "cost": 0.005}}
                 handle.write(json.dumps(record) + "\n")
+
+
+def real_sets() -> list[str]:
+    return list(yaml.safe_load((REPO / "config.yaml").read_text())["datasets"])
+
+
+def real_layout(workdir: Path) -> RunLayout:
+    """Where the real config's run keeps its files when run in `workdir`."""
+    paths = yaml.safe_load((REPO / "config.yaml").read_text())["paths"]
+    return RunLayout.from_paths(workdir / paths["results"], workdir / paths["prompts"])
 
 
 def real_fingerprint() -> str:
@@ -117,7 +127,8 @@ def main() -> None:
         fill_demo_tree(demo)
         fingerprint = real_fingerprint()
         fill_mid_run_tree(mid, args.prompts, args.answered, args.answer_kb, fingerprint)
-        journal_bytes = sum(p.stat().st_size for p in mid.glob(f"results/*/.journal/{RECORDS_FILE}"))
+        journals = [real_layout(mid).journal(ds) for ds in real_sets()]
+        journal_bytes = sum((journal / RECORDS_FILE).stat().st_size for journal in journals)
 
         rows.append(("fresh clone", dry_run_seconds(fresh, args.repeats)))
         rows.append(("beside a finished demo", dry_run_seconds(demo, args.repeats)))
@@ -125,7 +136,6 @@ def main() -> None:
         rows.append(("mid-run, first (tallies every journal)", first))
         rows.append(("mid-run, later (tallies kept)", dry_run_seconds(mid, args.repeats)))
 
-        journals = sorted(mid.glob("results/*/.journal"))
         start = time.perf_counter()
         full = sum(len(load_done(journal, fingerprint)) for journal in journals)
         full_s = time.perf_counter() - start

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from eaglepipe.drafter.evaluate import EvalSettings, evaluate
 from eaglepipe.drafter.holdout import training_holdout_prompts
+from eaglepipe.layout import RunLayout
 
 COMPARED = ("acceptance_length", "target_forwards", "tokens")
 
@@ -31,18 +32,18 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args()
 
-    drafter = args.results / "drafter"
-    reference = json.loads((drafter / "eval.json").read_text())
+    layout = RunLayout.from_paths(args.results, args.results / "prompts")  # no prompt set is read here
+    reference = json.loads(layout.evaluation.read_text())
     held_out = training_holdout_prompts(
-        drafter / "train.json",
+        layout.train_report,
         args.datasets,
-        [args.results / ds / "tokens.safetensors" for ds in args.datasets],
-        [args.results / ds / "tokens.json" for ds in args.datasets],
+        [layout.tokens(ds) for ds in args.datasets],
+        [layout.token_stats(ds) for ds in args.datasets],
     )
     settings = reference["settings"]
     started = time.perf_counter()
     report = evaluate(
-        drafter,
+        layout.drafter,
         args.target,
         [ids for _, _, ids in held_out],
         EvalSettings(

@@ -83,6 +83,7 @@ async def run_eaglepipe(url: str, count: int, in_flight: int, stream: bool, max_
     import dataclasses
 
     from eaglepipe.config import validate_config
+    from eaglepipe.layout import RunLayout
     from eaglepipe.openrouter.client import generate_set
     from eaglepipe.openrouter.settings import GenerationSettings
 
@@ -112,13 +113,13 @@ async def run_eaglepipe(url: str, count: int, in_flight: int, stream: bool, max_
         expected_request_usd=max_tokens * PRICE_PER_TOKEN_USD,
     )
     with tempfile.TemporaryDirectory() as scratch:
-        results = Path(scratch) / "results"
+        layout = RunLayout.from_paths(Path(scratch) / "results", Path(scratch) / "prompts")
         summary = await generate_set(
             prompts(count),
             settings=settings,
             api_key=None,
-            journal_dir=results / "bench" / ".journal",
-            ledger_dir=results / ".ledger",
+            journal_dir=layout.journal("bench"),
+            ledger_dir=layout.ledger,
             dataset="bench",
         )
     return summary.completion_tokens

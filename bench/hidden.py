@@ -5,7 +5,7 @@ Each backend extracts the same set into a scratch folder, in this one run (the m
 rows, not runs). tokens/s counts the extraction with the engine already started; the start (model load,
 vLLM's engine start) is reported apart. Bytes/token are the shard files' sizes over the tokens they hold.
 
-    .venv/bin/python bench/hidden.py --tokens results/demo/demo-tools/tokens.safetensors \\
+    .venv/bin/python bench/hidden.py --results results/demo --set demo-tools \\
         --target resources/models/smollm2-135m-instruct --vllm-python .venv-vllm/bin/python
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from eaglepipe.hidden.backends import open_backend
 from eaglepipe.hidden.extract import HiddenSettings, extract_hidden, read_set_tokens
 from eaglepipe.hidden.storage import bytes_per_token
+from eaglepipe.layout import RunLayout
 from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import default_aux_layers
 
@@ -35,8 +36,8 @@ SAMPLES, TOKENS_PER_SAMPLE = 10_000, 4_000
 DISK_WRITE_BYTES_PER_S = 2e9  # one node's local NVMe, sustained (assumed)
 
 
-def measure(name: str, settings: HiddenSettings, tokens: Path, target: Path) -> dict:
-    data = read_set_tokens(tokens, tokens.with_name("tokens.json"), settings)
+def measure(name: str, settings: HiddenSettings, run: RunLayout, ds: str, target: Path) -> dict:
+    data = read_set_tokens(run.tokens(ds), run.token_stats(ds), settings)
     architecture = TargetArchitecture.from_dir(target)
     layers = default_aux_layers(architecture.num_layers)
     longest = max(len(ids) for ids in data.samples)
@@ -54,15 +55,16 @@ def measure(name: str, settings: HiddenSettings, tokens: Path, target: Path) -> 
         "tokens_per_s": round(n / (done - ready), 1),
     }
     with tempfile.TemporaryDirectory() as scratch:
+        extracted = RunLayout.from_paths(scratch, Path(scratch) / "prompts")
         manifest = extract_hidden(
-            tokens,
-            tokens.with_name("tokens.json"),
+            run.tokens(ds),
+            run.token_stats(ds),
             target,
-            Path(scratch) / "hidden",
-            Path(scratch) / "hidden.done",
+            extracted.shards(ds),
+            extracted.hidden_done(ds),
             settings,
         )
-        size = sum((Path(scratch) / entry["path"]).stat().st_size for entry in manifest["shards"])
+        size = sum((extracted.set_dir(ds) / entry["path"]).stat().st_size for entry in manifest["shards"])
     row["bytes_per_token"] = round(size / manifest["num_tokens"], 1)
     return row
 
@@ -93,9 +95,8 @@ def estimate() -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--tokens", required=True, type=Path, help="a set's tokens.safetensors (tokens.json beside it)"
-    )
+    parser.add_argument("--results", required=True, type=Path, help="the results root of a run with tokens")
+    parser.add_argument("--set", required=True, help="the set whose tokens are extracted")
     parser.add_argument("--target", required=True, type=Path)
     parser.add_argument("--vllm-python", help="the vLLM environment's interpreter; without it, hf only")
     args = parser.parse_args()
@@ -123,7 +124,8 @@ def main() -> None:
                 ),
             )
         )
-    rows = [measure(name, settings, args.tokens, args.target) for name, settings in runs]
+    run = RunLayout.from_paths(args.results, args.results / "prompts")  # no prompt set is read here
+    rows = [measure(name, settings, run, args.set, args.target) for name, settings in runs]
     for row in rows:
         print(json.dumps(row))
     print("\n".join(estimate()))

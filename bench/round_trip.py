@@ -30,18 +30,21 @@ from typing import Any
 
 import yaml
 
+from eaglepipe.layout import RunLayout
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR = REPO / "resources" / "models" / "smollm2-135m-instruct"
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SOURCES = REPO / "resources" / "sources" / "demo"
 DEMO_SETS = ("demo-chat", "demo-code", "demo-math", "demo-multiturn")
 SERVERS = {"vllm": ("vllm 0.32 (engine)", True), "emulator": ("emulator (ids)", False)}
+LAYOUT = RunLayout.from_paths("results", "results/prompts")  # in the work directory
 
 
 def config(sets: list[str], args: argparse.Namespace, engine: bool) -> dict:
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     return {
-        "paths": {"results": "results", "prompts": "results/prompts"},
+        "paths": {"results": str(LAYOUT.results), "prompts": str(LAYOUT.prompts)},
         "datasets": sets,
         "sources": {ds: {"type": "jsonl", "path": str(SOURCES / f"{ds}.jsonl")} for ds in sets},
         "target": {"name": "HuggingFaceTB/SmolLM2-135M-Instruct", "path": str(MODEL_DIR), "embedded": False},
@@ -60,7 +63,7 @@ def run(sets: list[str], args: argparse.Namespace, engine: bool, workdir: Path) 
     kept directory of an earlier run is brought up to date (only what changed reruns)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.yaml").write_text(yaml.safe_dump(config(sets, args, engine)))
-    targets = [f"results/{ds}/tokens.json" for ds in sets]
+    targets = [str(LAYOUT.token_stats(ds)) for ds in sets]
     # Targets first: the spend plan reads them from the command line.
     command = [sys.executable, "-m", "snakemake", *targets, "-s", str(REPO / "Snakefile"),
                "--directory", str(workdir), "--configfile", str(workdir / "run.yaml"),
@@ -69,11 +72,10 @@ def run(sets: list[str], args: argparse.Namespace, engine: bool, workdir: Path) 
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         sys.exit(done.stderr[-4000:])
-    results = workdir / "results"
     return {
         ds: {
-            "tokens": json.loads((results / ds / "tokens.json").read_text()),
-            "responses": [json.loads(line) for line in (results / ds / "responses.jsonl").open()],
+            "tokens": json.loads((workdir / LAYOUT.token_stats(ds)).read_text()),
+            "responses": [json.loads(line) for line in (workdir / LAYOUT.responses(ds)).open()],
         }
         for ds in sets
     }

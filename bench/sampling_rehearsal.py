@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from round_trip import print_yield  # noqa: E402
 from support.engines.corpus import ENGINES, engine_model_dir, run_engine  # noqa: E402
 
+from eaglepipe.layout import RunLayout  # noqa: E402
 from eaglepipe.target.tokenizer import load_target_tokenizer  # noqa: E402
 from eaglepipe.tokens.build import build_tokens  # noqa: E402
 from eaglepipe.tokens.rebuild import TokenSettings  # noqa: E402
@@ -122,12 +123,13 @@ def main() -> None:
         )
         by_mode: dict[str, dict] = {}
         for mode in ("whole", "stream"):
+            layout = RunLayout.from_paths(work / mode, work / mode / "prompts")
             records = [
                 _record(reply, answers[reply["key"]], len(engine_inputs[k]["prompt_ids"]))
                 for k, reply in enumerate(r for r in replies if r["mode"] == mode)
             ]
             by_mode[f"vllm {mode}"] = {
-                name: _token_stage(work / mode / name, args.target, prompts, records, name) for name in SETS
+                name: _token_stage(layout, args.target, prompts, records, name) for name in SETS
             }
     lengths = Counter(len(a["completion_ids"]) for a in answers.values())
     print(
@@ -139,20 +141,23 @@ def main() -> None:
     print_yield(by_mode)
 
 
-def _token_stage(folder: Path, target: Path, prompts: list[dict], records: list[dict], name: str) -> dict:
+def _token_stage(
+    layout: RunLayout, target: Path, prompts: list[dict], records: list[dict], name: str
+) -> dict:
     """One demo set's records through the token stage (its tokens.json lists up to 50 misses)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    layout.set_dir(name).mkdir(parents=True, exist_ok=True)
+    layout.prompts.mkdir(parents=True, exist_ok=True)
     mine = [p for p in prompts if p["id"].startswith(f"{name}-")]
     ids = {p["id"] for p in mine}
     answered = [r for r in records if r["prompt_id"] in ids]
-    (folder / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in mine))
-    (folder / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answered))
+    layout.prompt_set(name).write_text("".join(json.dumps(p) + "\n" for p in mine))
+    layout.responses(name).write_text("".join(json.dumps(r) + "\n" for r in answered))
     stats = build_tokens(
-        folder / "prompts.jsonl",
-        folder / "responses.jsonl",
+        layout.prompt_set(name),
+        layout.responses(name),
         target,
-        folder / "tokens.safetensors",
-        folder / "tokens.json",
+        layout.tokens(name),
+        layout.token_stats(name),
         SETTINGS,
     )
     return {"tokens": stats, "responses": answered}

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import yaml
 
+from eaglepipe.layout import RunLayout
+
 REPO = Path(__file__).resolve().parent.parent
-ROOT = "results/segmentation"
+LAYOUT = RunLayout.from_paths("results/segmentation", "results/segmentation/prompts")  # in the work directory
 
 
 def snakemake(workdir: Path, *extra: str) -> None:
@@ -30,7 +32,7 @@ def snakemake(workdir: Path, *extra: str) -> None:
         sys.executable,
         "-m",
         "snakemake",
-        f"{ROOT}/drafter/eval.json",
+        str(LAYOUT.evaluation),
         "-s",
         str(REPO / "Snakefile"),
         "--directory",
@@ -50,9 +52,8 @@ def snakemake(workdir: Path, *extra: str) -> None:
 
 
 def figures(workdir: Path, sets: list[str]) -> dict:
-    results = workdir / ROOT
-    yields = [json.loads((results / ds / "tokens.json").read_text())["yield"] for ds in sets]
-    evaluation = json.loads((results / "drafter" / "eval.json").read_text())
+    yields = [json.loads((workdir / LAYOUT.token_stats(ds)).read_text())["yield"] for ds in sets]
+    evaluation = json.loads((workdir / LAYOUT.evaluation).read_text())
     return {
         "bought": sum(y["bought_tokens"] for y in yields),
         "trained": sum(y["trained_tokens"] for y in yields),
@@ -75,7 +76,7 @@ def main() -> None:
         if not (workdir / "resources").exists():
             (workdir / "resources").symlink_to(REPO / "resources")
         overrides = {
-            "paths": {"results": ROOT, "prompts": f"{ROOT}/prompts"},
+            "paths": {"results": str(LAYOUT.results), "prompts": str(LAYOUT.prompts)},
             "generation": {"max_tokens": args.max_tokens},
         }
         (workdir / "bench.yaml").write_text(yaml.safe_dump(overrides))

@@ -24,6 +24,7 @@ import torch
 from eaglepipe.drafter.distributed import train_data_parallel
 from eaglepipe.drafter.model import Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.train import TrainSettings
+from eaglepipe.layout import RunLayout
 from eaglepipe.target.layer_ids import default_aux_layers
 
 KIMI_TEXT_CONFIG = {  # Kimi-K2.5's language model, as the drafter mirrors it
@@ -78,11 +79,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     args = parser.parse_args()
 
-    run = json.loads((args.results / "drafter" / "train.json").read_text())
+    layout = RunLayout.from_paths(args.results, args.results / "prompts")  # no prompt set is read here
+    run = json.loads(layout.train_report.read_text())
     known = {field.name for field in dataclasses.fields(TrainSettings)}
     settings = TrainSettings(**{k: v for k, v in run["settings"].items() if k in known})
     settings = dataclasses.replace(settings, max_steps=args.steps, checkpoint_every=0, device="cpu")
-    manifests = [args.results / ds / "hidden.done" for ds in args.datasets]
+    manifests = [layout.hidden_done(ds) for ds in args.datasets]
     holdout = set(run["holdout_ids"])
     rows = [
         measure("one process", 1, settings, manifests, args.target, holdout),

@@ -15,6 +15,7 @@ import yaml
 from jsonschema.protocols import Validator
 
 from eaglepipe.errors import EaglepipeError
+from eaglepipe.layout import RunLayout
 
 
 class ConfigError(EaglepipeError, ValueError):
@@ -162,44 +163,35 @@ def section_fields(settings: type, section: Mapping[str, Any]) -> dict[str, Any]
     return {key: value for key, value in section.items() if key in names}
 
 
-# The run-wide folders of the results root, which no set may be named after (the schema's `datasets` items).
+# The set names the schema refuses (its `datasets` items): the layout's run-wide folders, and `prompts`, where
+# a configuration may keep its prompt sets beside them.
 RUN_WIDE_FOLDERS = ("drafter", "figures", "logs", "prompts")
 _SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 def target_outside_datasets(
-    target: str,
-    datasets: list[str],
-    results_root: str | Path,
-    config_files: list[Path],
-    prompts_dir: str | Path | None = None,
+    target: str, datasets: list[str], layout: RunLayout, config_files: list[Path]
 ) -> str | None:
     """Why a target in a set's folder cannot be built: its set is not in `datasets`, so no rule makes it
     (Snakemake itself would print only "No rule to produce"); or it is another configuration's file, one
     folder deeper (results/demo/... under the real run's results/). None for any other target."""
-    root = Path(os.path.normpath(results_root)).parts
-    parts = Path(os.path.normpath(target)).parts
-    if prompts_dir is not None and _is_below(parts, Path(os.path.normpath(prompts_dir)).parts):
+    found = layout.classify(target)
+    if found is None or found.ds is None or found.kind == "prompt_set" or found.ds in datasets:
         return None
-    below = parts[len(root) :] if _is_below(parts, root) else ()
-    if len(below) < 2 or below[0] in datasets or below[0] in RUN_WIDE_FOLDERS:
+    if found.ds in RUN_WIDE_FOLDERS or not _SET_NAME.fullmatch(found.ds):  # no set could have this name
         return None
-    if not _SET_NAME.fullmatch(below[0]):  # a hidden folder (.ledger) or no set name at all
+    if found.kind == "set_dir" and not found.below:  # the folder itself, which no rule makes
         return None
-    if len(below) > 2 and below[1] != "hidden":  # {root}/{another root}/{set or run-wide folder}/...
+    if found.kind == "set_dir" and len(found.below) > 1:  # {root}/{another root}/{set or run-wide folder}/...
         return (
-            f"{target}: not a file of this configuration, whose results root is {results_root}/: give the "
+            f"{target}: not a file of this configuration, whose results root is {layout.results}/: give the "
             "--workflow-profile or --configfile of the run that writes it (the demo's: --workflow-profile "
             "profiles/local)"
         )
     return (
-        f"{target}: {below[0]} is not in `datasets` ({_file_setting('datasets', config_files)}): "
+        f"{target}: {found.ds} is not in `datasets` ({_file_setting('datasets', config_files)}): "
         "add it there, with a `sources` entry"
     )
-
-
-def _is_below(parts: tuple[str, ...], folder: tuple[str, ...]) -> bool:
-    return parts[: len(folder)] == folder
 
 
 def _file_setting(key: str, config_files: list[Path]) -> str:

@@ -160,11 +160,11 @@ if workflow.is_main_process:
 
     # A target of a set that `datasets` lacks has no rule: one line naming the key instead of the plan and
     # Snakemake's "No rule to produce". The command line is parsed only when a word could be one.
-    if any(target_outside_datasets(word, DATASETS, LAYOUT.results, [], LAYOUT.prompts) for word in sys.argv[1:]):
+    if any(target_outside_datasets(word, DATASETS, LAYOUT, []) for word in sys.argv[1:]):
         # Files given with --configfile override the Snakefile's own, which Snakemake lists after them.
         by_precedence = sorted(workflow.configfiles, key=lambda path: path in workflow.overwrite_configfiles)
         for target in command_line_targets(sys.argv):
-            if problem := target_outside_datasets(target, DATASETS, LAYOUT.results, by_precedence, LAYOUT.prompts):
+            if problem := target_outside_datasets(target, DATASETS, LAYOUT, by_precedence):
                 sys.exit(f"eaglepipe: {problem}")
 
     print_spend_plan(

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from eaglepipe.config import RUN_WIDE_FOLDERS, ConfigError, target_outside_datasets, validate_config
+from eaglepipe.layout import RunLayout
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "config.schema.yaml"
@@ -112,24 +113,42 @@ def test_a_target_of_a_set_outside_datasets_names_the_set_and_the_key(tmp_path):
     local = tmp_path / "local.yaml"
     local.write_text("datasets: [demo-chat]\n")
     files = [REPO / "config.yaml", local]
-    assert target_outside_datasets("results/demo/nope/hidden.done", ["demo-chat"], "results/demo", files) == (
+    demo = RunLayout.from_paths("results/demo", "resources/prompts")
+    assert target_outside_datasets("results/demo/nope/hidden.done", ["demo-chat"], demo, files) == (
         f"results/demo/nope/hidden.done: nope is not in `datasets` ({local}): "
         "add it there, with a `sources` entry"
     )
     for fine in ("results/demo/demo-chat/hidden.done", "results/demo/drafter/config.json",
                  "results/demo/.ledger/ledger.jsonl", "results/demo/report.html", "all", "hidden",
                  "results/demo/demo-chat/hidden/shard-00000.safetensors"):
-        assert target_outside_datasets(fine, ["demo-chat"], "results/demo", files) is None, fine
+        assert target_outside_datasets(fine, ["demo-chat"], demo, files) is None, fine
     # A prompt folder of any name under the results root holds prompt files, not sets.
-    assert target_outside_datasets("results/demo/sets_in/demo-x.jsonl", ["demo-chat"], "results/demo", files,
-                                   "results/demo/sets_in") is None
+    prompts_inside = RunLayout.from_paths("results/demo", "results/demo/sets_in")
+    target = "results/demo/sets_in/demo-x.jsonl"
+    assert target_outside_datasets(target, ["demo-chat"], prompts_inside, files) is None
 
 
 def test_another_configurations_file_names_the_option_that_reads_its_root():
+    real = RunLayout.from_paths("results", "resources")
     for target in ("results/demo/drafter/model.safetensors", "results/demo/demo-chat/responses.jsonl"):
-        problem = target_outside_datasets(target, ["B1"], "results", [REPO / "config.yaml"], "resources")
+        problem = target_outside_datasets(target, ["B1"], real, [REPO / "config.yaml"])
         assert problem is not None and problem.startswith(f"{target}: not a file of this configuration")
         assert "--workflow-profile profiles/local" in problem
+
+
+def test_a_file_inside_a_set_outside_datasets_names_the_set_not_another_configuration():
+    real, files = RunLayout.from_paths("results", "resources"), [REPO / "config.yaml"]
+    for target, ds in (
+        ("results/B9/hidden/shard-00000.safetensors", "B9"),
+        ("results/hidden/hidden.done", "hidden"),  # a set may be named like a set's folder
+        ("results/hidden/hidden/shard-00000.safetensors", "hidden"),
+    ):
+        problem = target_outside_datasets(target, ["B1"], real, files)
+        assert problem is not None and problem.startswith(f"{target}: {ds} is not in `datasets`"), target
+    # Under the results root but no set's file: a set's folder itself, a run-wide folder's, or under a name
+    # the schema refuses for a set.
+    for target in ("results/B9", "results/figures/x.txt", "results/prompts/B9.jsonl", "results/.tmp/B9/x"):
+        assert target_outside_datasets(target, ["B1"], real, files) is None, target
 
 
 def test_the_run_wide_folders_are_the_set_names_the_schema_refuses():

@@ -15,8 +15,8 @@ import yaml
 from safetensors.numpy import save_file
 
 from eaglepipe.config import validate_config
-from eaglepipe.layout import RunLayout
-from eaglepipe.plan import command_line_targets, goal_of, sets_named_by
+from eaglepipe.layout import BUILDERS, RunLayout
+from eaglepipe.plan import GOALS, command_line_targets, goal_of, sets_named_by
 from eaglepipe.plan.estimate import spend_plan, target_hidden_size
 from eaglepipe.plan.model import Prices
 from eaglepipe.plan.table import format_plan
@@ -480,6 +480,7 @@ def test_targets_narrow_the_plan_to_the_sets_they_name():
     assert named("resources/prompts/B2.jsonl") == []  # building prompts buys nothing
     assert named("results/B2/tokens.safetensors", "results/drafter/model.safetensors") == sets
     assert named("all") == sets
+    assert named("results/B2") == sets  # the set's folder itself is none of its files
 
 
 def test_targets_are_read_against_the_configurations_own_roots():
@@ -493,6 +494,23 @@ def test_targets_are_read_against_the_configurations_own_roots():
     assert named("results/demo/prompts/demo-a.jsonl") == []
     # Another root's file is not one of this configuration's sets: plan them all, as for a rule name.
     assert named("results/demo-a/hidden.done") == sets
+
+
+def test_the_goal_is_the_furthest_stage_the_sets_files_name():
+    sets, layout = ["B1", "B2"], RunLayout(Path("results"), Path("resources/prompts"))
+
+    def goal(*targets: str) -> str:
+        return goal_of(targets, sets, layout)
+
+    assert goal("results/B1/responses.jsonl", "results/B2/tokens.json") == "token ids"
+    assert goal("results/B1/hidden", "results/B2/responses.summary.json") == "hidden states"
+    assert goal("results/B1/.journal", "resources/prompts/B2.jsonl") == "answers"
+    # A file inside a member's folder (a shard) is no rule's output, so it names no stage.
+    assert goal("results/B1/hidden/shard-00000.safetensors") == "answers"
+    # The set's folder itself, another set's file, a drafter file: the whole run.
+    for other in ("results/B1", "results/B3/hidden.done", "results/drafter/config.json"):
+        assert goal("results/B1/hidden.done", other) == "drafter", other
+    assert {kind for kinds, _ in GOALS for kind in kinds} <= set(BUILDERS)
 
 
 def test_targets_are_read_from_a_snakemake_command_line_only():

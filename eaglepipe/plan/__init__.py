@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import yaml
 
 from eaglepipe.config import is_local_api, sets_answered_by
-from eaglepipe.layout import RunLayout
+from eaglepipe.layout import RunLayout, RunPath
 from eaglepipe.plan.estimate import spend_plan
 from eaglepipe.plan.table import format_plan
 
@@ -32,46 +32,42 @@ def sets_named_by(targets: Iterable[str], datasets: list[str], layout: RunLayout
         return list(datasets)
     named = set()
     for target in targets:
-        kind, ds = _set_file(target, datasets, layout)
-        if kind == "set":
-            named.add(ds)
-        elif kind != "prompts":
+        found = _set_file(target, datasets, layout)
+        if found is None:
             return list(datasets)
+        if found.kind != "prompt_set":
+            named.add(found.ds)
     return [ds for ds in datasets if ds in named]
 
 
-# What a set's file is the output of, furthest stage first: a command's goal is the furthest it names.
-GOALS = (("hidden", "hidden states"), ("tokens", "token ids"), ("responses", "answers"))
+# What a set's file (its RunLayout member) is the output of, furthest stage first: a command's goal is the
+# furthest its targets name; any other file of a set's is the answers'.
+GOALS = ((("hidden_done", "shards"), "hidden states"), (("tokens", "token_stats"), "token ids"))
 
 
 def goal_of(targets: Iterable[str], datasets: list[str], layout: RunLayout) -> str:
     """What the command builds (SpendPlan.goal): a drafter unless every target is one set's file, else the
     furthest stage those files belong to."""
-    targets = list(targets)
     files = [_set_file(target, datasets, layout) for target in targets]
-    if not targets or any(kind is None for kind, _ in files):
+    if not files or None in files:
         return "drafter"
-    names = [Path(target).name for target, (kind, _) in zip(targets, files, strict=True) if kind == "set"]
-    for stem, goal in GOALS:
-        if any(name.startswith(stem) for name in names):
+    kinds = {found.kind for found in files if found is not None and not found.below}
+    for members, goal in GOALS:
+        if kinds.intersection(members):
             return goal
     return "answers"
 
 
-def _set_file(path: str, datasets: list[str], layout: RunLayout) -> tuple[str | None, str]:
-    """("set", ds) for a file in a set's folder, ("prompts", ds) for a built prompt set, else (None, "")."""
-    parts, root, prompts = _parts(path), _parts(layout.results), _parts(layout.prompts)
-    below_root = parts[len(root):] if parts[: len(root)] == root else ()
-    below_prompts = parts[len(prompts):] if parts[: len(prompts)] == prompts else ()
-    if len(below_root) >= 2 and below_root[0] in datasets:
-        return "set", below_root[0]
-    if len(below_prompts) == 1 and below_prompts[0].endswith(".jsonl"):
-        return "prompts", below_prompts[0].removesuffix(".jsonl")
-    return None, ""
-
-
-def _parts(path: str | Path) -> tuple[str, ...]:
-    return Path(os.path.normpath(path)).parts
+def _set_file(path: str, datasets: list[str], layout: RunLayout) -> RunPath | None:
+    """What `path` is when it lies in one of `datasets`' folders (not the folder itself) or is a built
+    prompt set; None for anything else."""
+    found = layout.classify(path)
+    if found is None or found.ds is None:
+        return None
+    if found.kind == "prompt_set":
+        return found
+    in_a_set = found.ds in datasets and (found.kind != "set_dir" or found.below)
+    return found if in_a_set else None
 
 
 def command_line_targets(argv: list[str]) -> list[str]:
@@ -142,7 +138,7 @@ def print_spend_plan(
     """The parse-time hook: the plan for the sets the command line targets. Advisory, so a failure to
     plan is reported in one line and never stops the workflow."""
     try:
-        could_narrow = any(_set_file(word, datasets, layout)[0] for word in argv[1:])
+        could_narrow = any(_set_file(word, datasets, layout) is not None for word in argv[1:])
         targets = command_line_targets(argv) if could_narrow else []
         scope = sets_named_by(targets, datasets, layout)
         plan = spend_plan(config, scope, fingerprint, layout=layout, goal=goal_of(targets, datasets, layout))
