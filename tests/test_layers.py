@@ -9,9 +9,9 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eaglepipe"
-# Lowest first: the base of every stage's errors, the results layout, the ground floor, the target's facts and the prompts, then
-# the stages in pipeline order (the emulator is generation's stand-in API; answers from elsewhere reuse
-# generation's readers), then what looks over the whole run.
+# Lowest first: the base of every stage's errors, the results layout, the ground floor, the target's facts
+# and the prompts, then the stages in pipeline order (the emulator is generation's stand-in API; answers
+# from elsewhere reuse generation's readers), then what looks over the whole run.
 LAYERS = [
     ["eaglepipe.errors"],
     ["eaglepipe.layout"],  # below the config, which reads targets back through it
