@@ -69,7 +69,7 @@ class HiddenSettings:
                 name=section["backend"],
                 device=section["device"],
                 gpus=gpus,
-                compute_dtype=compute_dtype_for(section["dtype"]),
+                compute_dtype=compute_dtype_for(section["dtype"], section["device"]),
                 batch_tokens=section["batch_tokens"],
                 engine_python=section["engine_python"],
                 engine_memory_fraction=section["memory_fraction"],
@@ -84,9 +84,13 @@ class HiddenSettings:
         )
 
 
-def compute_dtype_for(dtype: str) -> str:
-    """fp8, int4 and int3 are storage formats: the target runs in bf16, each token is encoded when stored."""
-    return "bfloat16" if dtype == "fp8" or dtype in PACKED_BITS else dtype
+def compute_dtype_for(dtype: str, device: str) -> str:
+    """fp8, int4 and int3 are storage formats: the target runs in bf16 on GPUs, in float32 on the CPU (where
+    bf16 has no fast path without AVX512-BF16, and which keeps the stored error the format's alone), and each
+    token is encoded when stored."""
+    if dtype == "fp8" or dtype in PACKED_BITS:
+        return "float32" if device == "cpu" else "bfloat16"
+    return dtype
 
 
 @dataclass
