@@ -39,7 +39,6 @@ SEEDS_TOKENS = 60_000_000
 THROUGHPUT_SWITCHES = ("exact", "vllm", "sglang", "vllm_ids")
 
 
-
 def throughput(
     target: ChatFormat, corpus: list, switch: EngineSwitch, repeats: int
 ) -> tuple[int, int, float]:

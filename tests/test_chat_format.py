@@ -167,7 +167,11 @@ def test_the_token_stage_loads_its_format_once(tmp_path, kimi_dir, kimi, monkeyp
     loads = counting_loads(monkeypatch, KimiTokenizer)
 
     summary = build_tokens(
-        prompts, responses, kimi_dir, tmp_path / "tokens.safetensors", tmp_path / "tokens.json",
+        prompts,
+        responses,
+        kimi_dir,
+        tmp_path / "tokens.safetensors",
+        tmp_path / "tokens.json",
         token_settings(),
     )
 

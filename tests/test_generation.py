@@ -281,7 +281,10 @@ def test_dollar_budget_counts_the_whole_run_and_stops_before_passing_it(
     # Set b may spend what is left of a budget of five requests, which set a already used three of.
     second = write_prompts(tmp_path / "results" / "set-b", PROMPTS[3:])
     capped = settings_for(
-        emulator_url, provider_obj, concurrency=1, usd_budget=per_request * 5.5,
+        emulator_url,
+        provider_obj,
+        concurrency=1,
+        usd_budget=per_request * 5.5,
         expected_request_usd=per_request,
     )
     before = billed(emulator_url)

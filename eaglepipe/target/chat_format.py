@@ -45,8 +45,14 @@ class Layout:
 
     def sections(self) -> SectionMarkers:
         """The markers of a sectioned (Kimi) format, every one set; ValueError for a one-text layout."""
-        markers = (self.think_end, self.section_begin, self.section_end, self.call_begin, self.argument_begin,
-                   self.call_end)
+        markers = (
+            self.think_end,
+            self.section_begin,
+            self.section_end,
+            self.call_begin,
+            self.argument_begin,
+            self.call_end,
+        )
         if None in markers:
             raise ValueError("this chat format keeps no sections: its layout has no Kimi markers")
         return SectionMarkers(self.stop, *(marker for marker in markers if marker is not None))
