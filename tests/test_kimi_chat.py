@@ -10,12 +10,13 @@ from support.segments import segments_text
 
 from eaglepipe.target import chatml, kimi_chat
 from eaglepipe.target.chat import normalize_messages, render_prompt_ids
+from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.kimi_chat import KimiChatError, completion_segments, prompt_ids, prompt_segments
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.kimi_tokenizer import KimiTokenizer
 from eaglepipe.target.kimi_tools import ToolDeclarationError, declare_tools
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.target.segments import Special, Text, encode_segments
-from eaglepipe.target.tokenizer import load_target_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 USER = {"role": "user", "content": "Who are you?"}
@@ -331,7 +332,8 @@ def test_unrenderable_input_stops_with_one_line(kimi):
 def test_chatml_targets_have_the_same_surface(model_dir):
     tokenizer = load_target_tokenizer(model_dir)
     messages = [{"role": "user", "content": "Weather in Oslo?"}]
-    rendered = tokenizer.chat_format().prompt_ids(messages, TOOLS, thinking=False, tool_format="typescript")
+    chat_format = chat_format_for(tokenizer)
+    rendered = chat_format.prompt_ids(messages, TOOLS, thinking=False, tool_format="typescript")
     assert rendered == render_prompt_ids(tokenizer.hf, messages, TOOLS)
     segments = chatml.completion_segments(
         tokenizer, reasoning=None, content="Calling.", tool_calls=CALLS, truncated=False

@@ -18,7 +18,8 @@ from eaglepipe.target.kimi_tokenizer import (
     KimiTokenizer,
     split_long_runs,
 )
-from eaglepipe.target.tokenizer import TokenizerError, load_target_tokenizer
+from eaglepipe.target.load import load_target_tokenizer
+from eaglepipe.target.tokenizer import TokenizerError
 
 REAL_DIR_VARIABLE = "EAGLEPIPE_KIMI_TOKENIZER_DIR"
 MIXED = (

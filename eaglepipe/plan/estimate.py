@@ -423,11 +423,12 @@ def _template_format(target_dir: Path) -> ChatFormat | None:
     `thinking` and `tool_format`."""
     if not (target_dir / "tokenizer.json").is_file():
         return None
-    try:
+    try:  # imported here, on first use: the plan module loads while Snakemake parses
         from transformers import PreTrainedTokenizerFast
 
+        from eaglepipe.target.chat_format import TemplateChatFormat
         from eaglepipe.target.hf_tokenizer import HFTokenizer
 
-        return HFTokenizer(PreTrainedTokenizerFast.from_pretrained(str(target_dir))).chat_format()
+        return TemplateChatFormat(HFTokenizer(PreTrainedTokenizerFast.from_pretrained(str(target_dir))))
     except Exception:  # any failure only means the cruder estimate is used
         return None
