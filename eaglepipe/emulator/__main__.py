@@ -23,7 +23,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from eaglepipe.emulator.app import Emulator, build_app, hide_injected_resets
-from eaglepipe.emulator.backend import PromptText, ReplyShape, TokenEngine, TokenText
+from eaglepipe.emulator.backend import PromptText, ReplyShape, TextReplies, TokenEngine, TokenText
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.faults import load_faults
 from eaglepipe.emulator.providers import ReplyHabits, load_endpoints
@@ -236,7 +236,6 @@ def _model_backend(args: argparse.Namespace) -> tuple[TokenEngine, PromptText, R
         text = KimiModelText(load_target_tokenizer(args.model_dir))
         engine = Engine(model, text.tokenizer.stop_id, pad_id, max_batch=args.max_batch)
         return engine, text, KimiModelReplies(text)
-    from eaglepipe.emulator.backend import TextReplies
     from eaglepipe.emulator.text import TokenizerText
 
     tokenizer = load_tokenizer(args.model_dir)

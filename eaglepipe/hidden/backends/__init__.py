@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 BACKENDS = ("hf", "sglang", "vllm")
@@ -75,6 +76,4 @@ def memory_problem(target_dir: str | Path, gpus: int, fraction: float, per_gpu_b
 
 def gpu_memory_problem(target_dir: str | Path, gpus: int, fraction: float) -> str | None:
     """`memory_problem` for this machine's first GPU (the engines' workers ask it before loading)."""
-    import torch
-
     return memory_problem(target_dir, gpus, fraction, torch.cuda.get_device_properties(0).total_memory)
