@@ -96,8 +96,9 @@ lint: install typecheck
 	$(BIN)/ruff check .
 	$(BIN)/snakemake --lint
 
-# mypy over eaglepipe/ ([tool.mypy] in pyproject.toml). Its cache (.mypy_cache) makes a rerun take seconds;
-# a cold run (a fresh clone, as in CI) reads torch's and transformers' types first, about two minutes.
+# mypy over eaglepipe/ and tests/support/ ([tool.mypy] in pyproject.toml). Its cache (.mypy_cache) makes a
+# rerun take seconds; a cold run (a fresh clone, as in CI) reads torch's and transformers' types first,
+# about two minutes.
 typecheck: install
 	$(BIN)/mypy
 

@@ -18,8 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eaglepipe.hidden.backends import open_backend
-from eaglepipe.hidden.extract import HiddenSettings, extract_hidden, read_set_tokens
+from eaglepipe.hidden.extract import HiddenSettings, extract_hidden, open_backend, read_set_tokens
 from eaglepipe.hidden.storage import bytes_per_token
 from eaglepipe.layout import RunLayout
 from eaglepipe.target.architecture import TargetArchitecture

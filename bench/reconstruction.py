@@ -22,9 +22,9 @@ from pathlib import Path
 
 from eaglepipe.emulator.kimi_synthetic import kimi_corpus, reply_record
 from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch
-from eaglepipe.target.chat_format import ChatFormat
+from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
-from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.tokens.build import sample_tensors
 from eaglepipe.tokens.methods import EXACT_METHODS, Method
 from eaglepipe.tokens.rebuild import Rebuilder
@@ -39,7 +39,6 @@ SEEDS_TOKENS = 60_000_000
 THROUGHPUT_SWITCHES = ("exact", "vllm", "sglang", "vllm_ids")
 
 
-
 def throughput(
     target: ChatFormat, corpus: list, switch: EngineSwitch, repeats: int
 ) -> tuple[int, int, float]:
@@ -49,7 +48,8 @@ def throughput(
     best, settings = float("inf"), token_settings()
     for _ in range(repeats):
         started = time.process_time()
-        rebuilt = Rebuilder(target.tokenizer.chat_format(), settings).rebuild(prompts, records, switch.name)
+        rebuilder = Rebuilder(chat_format_for(target.tokenizer), settings)
+        rebuilt = rebuilder.rebuild(prompts, records, switch.name)
         sample_tensors(rebuilt.samples)
         best = min(best, time.process_time() - started)
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in rebuilt.samples)
@@ -94,7 +94,7 @@ def main() -> int:
     os.sched_setaffinity(0, {cpu})
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer = load_target_tokenizer(ensure_kimi_layout(Path(scratch) / "kimi").directory)
-    target = tokenizer.chat_format()
+    target = chat_format_for(tokenizer)
     print(
         f"$ python bench/reconstruction.py --samples {args.samples} --length {args.length} "
         f"--repeats {args.repeats} --shares {args.shares}   (pinned to CPU {cpu})"

@@ -20,7 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.target.chat_format import chat_format_for
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
 
@@ -74,7 +75,7 @@ def guess(
 
 def main() -> None:
     target, prompts_path, *responses = map(Path, sys.argv[1:])
-    chat = load_target_tokenizer(target).chat_format()
+    chat = chat_format_for(load_target_tokenizer(target))
     tokenizer = chat.tokenizer
     token_bytes = {
         i: tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size) if not tokenizer.is_special(i)

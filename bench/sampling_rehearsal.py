@@ -29,7 +29,8 @@ from round_trip import print_yield  # noqa: E402
 from support.engines.corpus import ENGINES, engine_model_dir, run_engine  # noqa: E402
 
 from eaglepipe.layout import RunLayout  # noqa: E402
-from eaglepipe.target.tokenizer import load_target_tokenizer  # noqa: E402
+from eaglepipe.target.chat_format import chat_format_for  # noqa: E402
+from eaglepipe.target.load import load_target_tokenizer  # noqa: E402
 from eaglepipe.tokens.build import build_tokens  # noqa: E402
 from eaglepipe.tokens.rebuild import TokenSettings  # noqa: E402
 
@@ -54,7 +55,7 @@ def main() -> None:
     parser.add_argument("--min-tokens", type=int, default=0)
     parser.add_argument("--keep", type=Path, help="keep the scratch directory here")
     args = parser.parse_args()
-    chat = load_target_tokenizer(args.target).chat_format()
+    chat = chat_format_for(load_target_tokenizer(args.target))
     prompts = []
     for name in SETS:
         lines = (SOURCES / f"{name}.jsonl").read_text().splitlines()[: args.per_set]

@@ -13,6 +13,7 @@ from build_cache import cached, copy_of, file_identity, locked, source_key
 
 from eaglepipe.target.convert import EMBEDDED_GGUF, convert_gguf, packaged_gguf
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.target.tiny import (
     TEACHER_FILES,
     TINY_TARGETS,
@@ -20,7 +21,6 @@ from eaglepipe.target.tiny import (
     trained_text_model,
     write_tiny_target,
 )
-from eaglepipe.target.tokenizer import load_target_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDED_MODEL_DIR = REPO / "resources" / "models" / "smollm2-135m-instruct"

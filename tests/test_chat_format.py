@@ -13,12 +13,10 @@ from eaglepipe.emulator.text_like import SWITCHES
 from eaglepipe.plan.estimate import InputTokens
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.chat import normalize_messages, render_prompt_ids, stop_token_id
-from eaglepipe.target.chat_format import Layout
-from eaglepipe.target.hf_tokenizer import HFTokenizer
-from eaglepipe.target.kimi_tokenizer import MAX_RUN_CHARS, KimiTokenizer
-from eaglepipe.target.load import load_tokenizer
+from eaglepipe.target.chat_format import KimiChatFormat, Layout, TemplateChatFormat, chat_format_for
+from eaglepipe.target.kimi_tokenizer import MAX_RUN_CHARS
+from eaglepipe.target.load import load_target_tokenizer, load_tokenizer
 from eaglepipe.target.segments import encode_segments
-from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import build_tokens
 
 TOOLS = [
@@ -65,8 +63,15 @@ CONVERSATIONS = [
 ]
 
 
+def test_each_tokenizer_family_gets_its_own_format(kimi_dir, model_dir):
+    assert isinstance(chat_format_for(load_target_tokenizer(kimi_dir)), KimiChatFormat)
+    assert isinstance(chat_format_for(load_target_tokenizer(model_dir)), TemplateChatFormat)
+    with pytest.raises(TypeError, match="no chat format for a str"):
+        chat_format_for("not a tokenizer")  # type: ignore[arg-type]
+
+
 def test_kimi_format_renders_as_kimi_chat(kimi_dir, kimi):
-    chat_format = load_target_tokenizer(kimi_dir).chat_format()
+    chat_format = chat_format_for(load_target_tokenizer(kimi_dir))
     markers = kimi_chat.Markers.of(kimi)
     assert chat_format.sectioned and chat_format.tool_formats == ("typescript", "json")
     assert chat_format.layout == Layout(
@@ -99,7 +104,7 @@ def test_kimi_format_renders_as_kimi_chat(kimi_dir, kimi):
 
 
 def test_kimi_completion_reads_back_into_its_parts(kimi_dir):
-    chat_format = load_target_tokenizer(kimi_dir).chat_format()
+    chat_format = chat_format_for(load_target_tokenizer(kimi_dir))
     segments = chat_format.completion_segments(
         reasoning="Think. ", content="Calling.", tool_calls=CALLS, truncated=False, thinking=True
     )
@@ -117,7 +122,7 @@ def test_kimi_completion_reads_back_into_its_parts(kimi_dir):
 
 def test_template_format_renders_as_the_template(model_dir):
     tokenizer = load_tokenizer(model_dir)
-    chat_format = load_target_tokenizer(model_dir).chat_format()
+    chat_format = chat_format_for(load_target_tokenizer(model_dir))
     special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
     assert not chat_format.sectioned and chat_format.tool_formats == ()
     assert chat_format.layout == Layout(stop_token_id(tokenizer))
@@ -134,7 +139,7 @@ def test_template_format_renders_as_the_template(model_dir):
 
 def test_template_answer_is_one_text(model_dir):
     tokenizer = load_tokenizer(model_dir)
-    chat_format = load_target_tokenizer(model_dir).chat_format()
+    chat_format = chat_format_for(load_target_tokenizer(model_dir))
     text = chat_format.one_text_answer("Calling.", CALLS)
     turn = {"role": "assistant", "content": "Calling.", "tool_calls": CALLS}
     assert text == normalize_messages(tokenizer, [turn], None)[0]["content"]
@@ -146,15 +151,15 @@ def test_template_answer_is_one_text(model_dir):
 
 
 def counting_loads(monkeypatch, cls) -> list[int]:
-    """Counts the real `chat_format()` calls on one tokenizer class."""
+    """Counts the chat formats of one class built (`chat_format_for` builds one per call)."""
     calls: list[int] = []
-    real = cls.chat_format
+    real = cls.__init__
 
-    def counted(self):
+    def counted(self, tokenizer):
         calls.append(1)
-        return real(self)
+        real(self, tokenizer)
 
-    monkeypatch.setattr(cls, "chat_format", counted)
+    monkeypatch.setattr(cls, "__init__", counted)
     return calls
 
 
@@ -164,10 +169,14 @@ def test_the_token_stage_loads_its_format_once(tmp_path, kimi_dir, kimi, monkeyp
     prompts.write_text("".join(json.dumps(s.prompt) + "\n" for s in corpus))
     records = [reply_record(kimi, s, SWITCHES["exact"]) for s in corpus]
     responses.write_text("".join(json.dumps(r) + "\n" for r in records))
-    loads = counting_loads(monkeypatch, KimiTokenizer)
+    loads = counting_loads(monkeypatch, KimiChatFormat)
 
     summary = build_tokens(
-        prompts, responses, kimi_dir, tmp_path / "tokens.safetensors", tmp_path / "tokens.json",
+        prompts,
+        responses,
+        kimi_dir,
+        tmp_path / "tokens.safetensors",
+        tmp_path / "tokens.json",
         token_settings(),
     )
 
@@ -176,7 +185,7 @@ def test_the_token_stage_loads_its_format_once(tmp_path, kimi_dir, kimi, monkeyp
 
 def test_the_spend_plan_counts_through_the_template_loaded_once(model_dir, monkeypatch):
     tokenizer = load_tokenizer(model_dir)
-    loads = counting_loads(monkeypatch, HFTokenizer)
+    loads = counting_loads(monkeypatch, TemplateChatFormat)
     count = InputTokens(model_dir)
     prompts = [{"messages": messages, "tools": tools} for messages, tools in CONVERSATIONS]
 
@@ -188,7 +197,7 @@ def test_the_spend_plan_counts_through_the_template_loaded_once(model_dir, monke
 
 @pytest.mark.parametrize("name", ["kimi", "template"])
 def test_a_completion_holds_the_parts_the_format_names(name, kimi_dir, model_dir):
-    chat_format = load_target_tokenizer(kimi_dir if name == "kimi" else model_dir).chat_format()
+    chat_format = chat_format_for(load_target_tokenizer(kimi_dir if name == "kimi" else model_dir))
     segments = chat_format.completion_segments(
         reasoning=None, content="Hi.", tool_calls=None, truncated=False, thinking=False
     )

@@ -29,6 +29,7 @@ from eaglepipe.emulator.providers import load_endpoints
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text_like import SECTION_BEGIN, SWITCHES, EngineReply, engine_reply
 from eaglepipe.openrouter.replies import read_reply, read_streamed_reply
+from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.probe import usability_probe
 from eaglepipe.tokens.rebuild import Rebuilder
@@ -287,7 +288,7 @@ def test_the_probe_sees_leaked_markers_and_the_bill_sees_dropped_text(
     marker text the model wrote, which the shorter text no longer pays for, gives it away); the bill can:
     the rebuilt answer is shorter than the ids billed, so the token stage drops it as off by k."""
     probe = usability_probe(kimi_dir)
-    rebuilder = Rebuilder(kimi.chat_format(), token_settings())
+    rebuilder = Rebuilder(chat_format_for(kimi), token_settings())
     with_text_before_calls = [
         i
         for i, s in enumerate(corpus)

@@ -23,8 +23,8 @@ from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text_like import SWITCHES, engine_reply
 from eaglepipe.openrouter.replies import read_reply, read_streamed_reply
 from eaglepipe.target.kimi_chat import tool_history
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.target.tiny import KIMI_K25_TINY
-from eaglepipe.target.tokenizer import load_target_tokenizer
 
 pytestmark = pytest.mark.slow
 

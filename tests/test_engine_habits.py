@@ -12,6 +12,7 @@ from support.engines.corpus import MODES, engine_corpus, engine_record
 
 from eaglepipe.emulator.kimi_synthetic import TrueSample, bytes_of_characters, kimi_corpus
 from eaglepipe.emulator.text_like import SWITCHES, engine_reply
+from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
 from eaglepipe.tokens.profile import ProviderPin
 from eaglepipe.tokens.rebuild import Rebuilder
@@ -68,7 +69,7 @@ def rebuild(kimi, corpus, replies, *, with_ids=False, with_logprobs=False, infor
     ]
     prompts = {s.prompt["id"]: s.prompt for s in corpus}
     pins = {records[0]["provider"]: PINS[replies[0]["engine"]]} if informed else {}
-    rebuilder = Rebuilder(kimi.chat_format(), token_settings(pins=pins))
+    rebuilder = Rebuilder(chat_format_for(kimi), token_settings(pins=pins))
     return rebuilder.rebuild(prompts, records, "engines").samples
 
 
@@ -274,7 +275,7 @@ def test_vllms_stripped_reasoning_end_is_learned_from_the_bills(kimi, corpus, re
     prompts = {s.prompt["id"]: s.prompt for s in corpus}
     for (engine, mode), lines in replies.items():
         records = [engine_record(s, r) for s, r in zip(corpus, lines, strict=True)]
-        rebuilt = Rebuilder(kimi.chat_format(), token_settings()).rebuild(prompts, records, "engines")
+        rebuilt = Rebuilder(chat_format_for(kimi), token_settings()).rebuild(prompts, records, "engines")
         profile = rebuilt.profiles[f"{engine}-{mode}"]
         if engine == "vllm":
             assert (profile.whitespace, profile.sources["whitespace"]) == (("rstrip",), "bills"), mode

@@ -22,7 +22,8 @@ from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provide
 from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import read_api_key
 from eaglepipe.openrouter.settings import GenerationSettings
-from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.target.chat_format import chat_format_for
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.rebuild import Rebuilder
 
@@ -281,7 +282,10 @@ def test_dollar_budget_counts_the_whole_run_and_stops_before_passing_it(
     # Set b may spend what is left of a budget of five requests, which set a already used three of.
     second = write_prompts(tmp_path / "results" / "set-b", PROMPTS[3:])
     capped = settings_for(
-        emulator_url, provider_obj, concurrency=1, usd_budget=per_request * 5.5,
+        emulator_url,
+        provider_obj,
+        concurrency=1,
+        usd_budget=per_request * 5.5,
         expected_request_usd=per_request,
     )
     before = billed(emulator_url)
@@ -303,7 +307,7 @@ def test_logprobs_asked_for_give_the_token_stage_exact_ids(
     assert generate(path, settings).done == 3
     records = responses(path.parent)
     truth = {r["prompt_id"]: r["response"].pop("token_ids") for r in records}  # left: text and logprobs
-    target = load_target_tokenizer(model_dir).chat_format()
+    target = chat_format_for(load_target_tokenizer(model_dir))
     prompts = {p["id"]: p for p in PROMPTS[:3]}
     samples = Rebuilder(target, token_settings()).rebuild(prompts, records, "test").samples
     assert all(r["response"]["logprobs"]["content"] for r in records)

@@ -22,6 +22,7 @@ from tiny_run import snakemake_command
 from eaglepipe.emulator.kimi_mode import rendered_prompt
 from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
 from eaglepipe.emulator.runner import running_emulator
+from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.tokens.methods import EXACT_METHODS, Method
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,7 @@ class KimiRun:
         (self.workdir / "sources" / "kimi.jsonl").write_text("\n".join(lines) + "\n")
         # By the prompt the token stage renders: the prompt stage drops keys the template does not read.
         self.truth = {
-            rendered_prompt(kimi.chat_format(), s.prompt["messages"], s.prompt.get("tools"), s.thinking): s
+            rendered_prompt(chat_format_for(kimi), s.prompt["messages"], s.prompt.get("tools"), s.thinking): s
             for s in samples
         }
         key_file = tmp_path / "openrouter.key"

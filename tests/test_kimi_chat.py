@@ -10,31 +10,59 @@ from support.segments import segments_text
 
 from eaglepipe.target import chatml, kimi_chat
 from eaglepipe.target.chat import normalize_messages, render_prompt_ids
+from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.kimi_chat import KimiChatError, completion_segments, prompt_ids, prompt_segments
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.kimi_tokenizer import KimiTokenizer
 from eaglepipe.target.kimi_tools import ToolDeclarationError, declare_tools
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.target.segments import Special, Text, encode_segments
-from eaglepipe.target.tokenizer import load_target_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 USER = {"role": "user", "content": "Who are you?"}
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather for a city.\n\nUse it for forecasts too.",
-        "parameters": {"type": "object", "required": ["city"], "properties": {
-            "city": {"type": "string", "description": "City name", "minLength": 1},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7, "default": 1},
-            "fields": {"type": "array", "items": {"type": "string", "description": "A field name"},
-                       "maxItems": 5},
-            "extra": {"type": "object", "properties": {"lang": {"type": ["string", "null"]}},
-                      "additionalProperties": False}}}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the web.",
-        "parameters": {"type": "object", "required": ["query"], "properties": {
-            "query": {"type": "string"}, "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-            "tags": {"type": "array", "items": {"type": "string"}}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.\n\nUse it for forecasts too.",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "properties": {
+                    "city": {"type": "string", "description": "City name", "minLength": 1},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7, "default": 1},
+                    "fields": {
+                        "type": "array",
+                        "items": {"type": "string", "description": "A field name"},
+                        "maxItems": 5,
+                    },
+                    "extra": {
+                        "type": "object",
+                        "properties": {"lang": {"type": ["string", "null"]}},
+                        "additionalProperties": False,
+                    },
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {
+                "type": "object",
+                "required": ["query"],
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
 ]
 TYPESCRIPT = """\
 # Tools
@@ -72,10 +100,16 @@ type search = (_: {
 }
 """
 CALLS = [
-    {"id": "functions.get_weather:0", "type": "function",
-     "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}},
-    {"id": "functions.search:1", "type": "function",
-     "function": {"name": "search", "arguments": '{"query":"Oslo  snow"}'}},
+    {
+        "id": "functions.get_weather:0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}},
+    },
+    {
+        "id": "functions.search:1",
+        "type": "function",
+        "function": {"name": "search", "arguments": '{"query":"Oslo  snow"}'},
+    },
 ]
 
 
@@ -98,14 +132,34 @@ def turn(kimi, marker: str, role: str) -> list:
 def test_system_user_and_the_two_generation_prompts(kimi):
     thinking = prompt_segments(kimi, [SYSTEM, USER])
     end = special(kimi, "<|im_end|>")
-    head = [*turn(kimi, "<|im_system|>", "system"), Text(SYSTEM["content"], "message"), end,
-            *turn(kimi, "<|im_user|>", "user"), Text(USER["content"], "message"), end,
-            *turn(kimi, "<|im_assistant|>", "assistant"), special(kimi, "<think>")]
+    head = [
+        *turn(kimi, "<|im_system|>", "system"),
+        Text(SYSTEM["content"], "message"),
+        end,
+        *turn(kimi, "<|im_user|>", "user"),
+        Text(USER["content"], "message"),
+        end,
+        *turn(kimi, "<|im_assistant|>", "assistant"),
+        special(kimi, "<think>"),
+    ]
     assert thinking == head
     assert prompt_segments(kimi, [SYSTEM, USER], thinking=False) == [*head, special(kimi, "</think>")]
-    expected_ids = [163594, *kimi.encode("system"), 163601, *kimi.encode(SYSTEM["content"]), 163586,
-                    163587, *kimi.encode("user"), 163601, *kimi.encode(USER["content"]), 163586,
-                    163588, *kimi.encode("assistant"), 163601, 163606]
+    expected_ids = [
+        163594,
+        *kimi.encode("system"),
+        163601,
+        *kimi.encode(SYSTEM["content"]),
+        163586,
+        163587,
+        *kimi.encode("user"),
+        163601,
+        *kimi.encode(USER["content"]),
+        163586,
+        163588,
+        *kimi.encode("assistant"),
+        163601,
+        163606,
+    ]
     assert prompt_ids(kimi, [SYSTEM, USER]) == expected_ids
     assert segments_text(kimi, thinking) == (
         "<|im_system|>system<|im_middle|>You are a helpful assistant.<|im_end|>"
@@ -119,8 +173,11 @@ def test_tools_are_declared_first_as_sorted_json_or_typescript(kimi):
     `prompt_tokens` to learn which one it renders."""
     segments = prompt_segments(kimi, [SYSTEM, USER], TOOLS)
     declared = json.dumps(TOOLS, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    assert segments[:5] == [*turn(kimi, "<|im_system|>", "tool_declare"), Text(declared, "tools"),
-                            special(kimi, "<|im_end|>")]
+    assert segments[:5] == [
+        *turn(kimi, "<|im_system|>", "tool_declare"),
+        Text(declared, "tools"),
+        special(kimi, "<|im_end|>"),
+    ]
     assert segments[5:] == prompt_segments(kimi, [SYSTEM, USER])
     assert declare_tools(TOOLS, "typescript") == TYPESCRIPT
     typescript = prompt_segments(kimi, [SYSTEM, USER], TOOLS, tool_format="typescript")
@@ -130,37 +187,58 @@ def test_tools_are_declared_first_as_sorted_json_or_typescript(kimi):
 
 
 def test_tool_calls_and_tool_results_in_history(kimi):
-    messages = [USER, {"role": "assistant", "content": "Checking.", "reasoning_content": "Two tools.",
-                       "tool_calls": CALLS},
-                {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"temp": -4}'},
-                {"role": "tool", "name": "search", "tool_call_id": "functions.search:1", "content": "snow"}]
+    messages = [
+        USER,
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Two tools.", "tool_calls": CALLS},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"temp": -4}'},
+        {"role": "tool", "name": "search", "tool_call_id": "functions.search:1", "content": "snow"},
+    ]
     segments = prompt_segments(kimi, messages, TOOLS)
     assistant_start = segments.index(special(kimi, "<|im_assistant|>"))
     end = special(kimi, "<|im_end|>")
     assert segments[assistant_start:] == [
         *turn(kimi, "<|im_assistant|>", "assistant"),
-        special(kimi, "<think>"), Text("Two tools.", "reasoning"), special(kimi, "</think>"),
-        Text("Checking.", "content"), special(kimi, "<|tool_calls_section_begin|>"),
-        special(kimi, "<|tool_call_begin|>"), Text("functions.get_weather:0", "tool_call_id"),
-        special(kimi, "<|tool_call_argument_begin|>"), Text('{"city": "Oslo", "days": 3}', "tool_arguments"),
+        special(kimi, "<think>"),
+        Text("Two tools.", "reasoning"),
+        special(kimi, "</think>"),
+        Text("Checking.", "content"),
+        special(kimi, "<|tool_calls_section_begin|>"),
+        special(kimi, "<|tool_call_begin|>"),
+        Text("functions.get_weather:0", "tool_call_id"),
+        special(kimi, "<|tool_call_argument_begin|>"),
+        Text('{"city": "Oslo", "days": 3}', "tool_arguments"),
         special(kimi, "<|tool_call_end|>"),
-        special(kimi, "<|tool_call_begin|>"), Text("functions.search:1", "tool_call_id"),
-        special(kimi, "<|tool_call_argument_begin|>"), Text('{"query":"Oslo  snow"}', "tool_arguments"),
-        special(kimi, "<|tool_call_end|>"), special(kimi, "<|tool_calls_section_end|>"), end,
+        special(kimi, "<|tool_call_begin|>"),
+        Text("functions.search:1", "tool_call_id"),
+        special(kimi, "<|tool_call_argument_begin|>"),
+        Text('{"query":"Oslo  snow"}', "tool_arguments"),
+        special(kimi, "<|tool_call_end|>"),
+        special(kimi, "<|tool_calls_section_end|>"),
+        end,
         *turn(kimi, "<|im_system|>", "tool"),
-        Text('## Return of functions.get_weather:0\n{"temp": -4}', "tool_result"), end,
+        Text('## Return of functions.get_weather:0\n{"temp": -4}', "tool_result"),
+        end,
         *turn(kimi, "<|im_system|>", "search"),
-        Text("## Return of functions.search:1\nsnow", "tool_result"), end,
-        *turn(kimi, "<|im_assistant|>", "assistant"), special(kimi, "<think>"),
+        Text("## Return of functions.search:1\nsnow", "tool_result"),
+        end,
+        *turn(kimi, "<|im_assistant|>", "assistant"),
+        special(kimi, "<think>"),
     ]
 
 
 def test_reasoning_of_turns_up_to_the_last_plain_answer_is_dropped(kimi):
-    messages = [USER, {"role": "assistant", "content": "I am Kimi.", "reasoning": "Introduce myself."},
-                {"role": "user", "content": "Weather in Oslo?"},
-                {"role": "assistant", "content": None, "reasoning_content": "Call the tool.",
-                 "tool_calls": CALLS[:1]},
-                {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "-4"}]
+    messages = [
+        USER,
+        {"role": "assistant", "content": "I am Kimi.", "reasoning": "Introduce myself."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "Call the tool.",
+            "tool_calls": CALLS[:1],
+        },
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "-4"},
+    ]
     text = segments_text(kimi, prompt_segments(kimi, messages))
     assert "<|im_assistant|>assistant<|im_middle|><think></think>I am Kimi.<|im_end|>" in text
     assert "Introduce myself." not in text
@@ -175,17 +253,28 @@ def test_the_generated_turn_as_segments(kimi):
     full = completion_segments(kimi, reasoning="Think.", content="Answer.", tool_calls=CALLS, truncated=False)
     assert full[:3] == [Text("Think.", "reasoning"), think_end, Text("Answer.", "content")]
     assert full[3] == special(kimi, "<|tool_calls_section_begin|>") and full[-2:] == [
-        special(kimi, "<|tool_calls_section_end|>"), end]
+        special(kimi, "<|tool_calls_section_end|>"),
+        end,
+    ]
     call_ids = [s.text for s in full if isinstance(s, Text) and s.kind == "tool_call_id"]
     assert call_ids == [call["id"] for call in CALLS]
     assert completion_segments(kimi, reasoning="Think.", content="Hi", tool_calls=None, truncated=False) == [
-        Text("Think.", "reasoning"), think_end, Text("Hi", "content"), end]
+        Text("Think.", "reasoning"),
+        think_end,
+        Text("Hi", "content"),
+        end,
+    ]
     assert completion_segments(kimi, reasoning="Thi", content=None, tool_calls=None, truncated=True) == [
-        Text("Thi", "reasoning")]
+        Text("Thi", "reasoning")
+    ]
     assert completion_segments(kimi, reasoning="Think.", content="Hel", tool_calls=None, truncated=True) == [
-        Text("Think.", "reasoning"), think_end, Text("Hel", "content")]
-    assert completion_segments(kimi, reasoning=None, content="Hi", tool_calls=None, truncated=False,
-                               thinking=False) == [Text("Hi", "content"), end]
+        Text("Think.", "reasoning"),
+        think_end,
+        Text("Hel", "content"),
+    ]
+    assert completion_segments(
+        kimi, reasoning=None, content="Hi", tool_calls=None, truncated=False, thinking=False
+    ) == [Text("Hi", "content"), end]
 
 
 LONG_DIGITS = "Pi is 3.14159265358979323846264338327950288 and 2**64 = 18446744073709551616."
@@ -195,9 +284,12 @@ WHITESPACE = "start" + " " * 30_000 + "end\n" + "\t" * 26_000 + "x"
 
 @pytest.mark.parametrize("text", [LONG_DIGITS, CJK, WHITESPACE, "  leading and trailing  \n\n"])
 def test_encoding_each_piece_equals_encoding_the_rendered_string(kimi, text):
-    messages = [SYSTEM, {"role": "user", "content": text},
-                {"role": "assistant", "content": text, "reasoning": text, "tool_calls": CALLS},
-                {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": text}]
+    messages = [
+        SYSTEM,
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": text, "reasoning": text, "tool_calls": CALLS},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": text},
+    ]
     prompt = prompt_segments(kimi, messages, TOOLS)
     completion = completion_segments(kimi, reasoning=text, content=text, tool_calls=CALLS, truncated=False)
     for segments in (prompt, completion):
@@ -223,8 +315,15 @@ def test_unrenderable_input_stops_with_one_line(kimi):
     assert Text("ab", "message") in prompt_segments(kimi, [parts])
     with pytest.raises(KimiChatError, match="generated turn call 0: a tool call needs a 'function' object"):
         completion_segments(kimi, reasoning=None, content=None, tool_calls=[{"id": "x"}], truncated=False)
-    referenced = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}}}]
+    referenced = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}},
+            },
+        }
+    ]
     with pytest.raises(ToolDeclarationError, match=r"tool schema f.a: .* declare tools as json"):
         prompt_segments(kimi, [USER], referenced, tool_format="typescript")
     assert kimi_chat.last_plain_assistant([USER]) == -1
@@ -233,15 +332,18 @@ def test_unrenderable_input_stops_with_one_line(kimi):
 def test_chatml_targets_have_the_same_surface(model_dir):
     tokenizer = load_target_tokenizer(model_dir)
     messages = [{"role": "user", "content": "Weather in Oslo?"}]
-    rendered = tokenizer.chat_format().prompt_ids(messages, TOOLS, thinking=False, tool_format="typescript")
+    chat_format = chat_format_for(tokenizer)
+    rendered = chat_format.prompt_ids(messages, TOOLS, thinking=False, tool_format="typescript")
     assert rendered == render_prompt_ids(tokenizer.hf, messages, TOOLS)
-    segments = chatml.completion_segments(tokenizer, reasoning=None, content="Calling.", tool_calls=CALLS,
-                                          truncated=False)
+    segments = chatml.completion_segments(
+        tokenizer, reasoning=None, content="Calling.", tool_calls=CALLS, truncated=False
+    )
     answer = {"role": "assistant", "content": "Calling.", "tool_calls": CALLS}
     turn = normalize_messages(tokenizer.hf, [answer], None)
     assert segments == [Text(turn[0]["content"], "content"), Special(tokenizer.stop_id)]
-    truncated = chatml.completion_segments(tokenizer, reasoning=None, content="Cal", tool_calls=None,
-                                           truncated=True)
+    truncated = chatml.completion_segments(
+        tokenizer, reasoning=None, content="Cal", tool_calls=None, truncated=True
+    )
     assert encode_segments(tokenizer, truncated) == tokenizer.encode("Cal")
     with pytest.raises(chatml.ChatMLError, match="carries reasoning"):
         chatml.completion_segments(tokenizer, reasoning="r", content="c", tool_calls=None, truncated=False)
@@ -253,6 +355,26 @@ def test_the_real_tokenizer_renders_the_reference_ids():
         pytest.skip("EAGLEPIPE_KIMI_TOKENIZER_DIR is unset: point it at a Kimi-K2.5 tokenizer directory")
     real = load_target_tokenizer(directory)
     assert prompt_ids(real, [SYSTEM, USER]) == [
-        163594, 14062, 163601, 3900, 554, 261, 13205, 26626, 13, 163586,
-        163587, 2482, 163601, 24328, 554, 398, 30, 163586, 163588, 69702, 163601, 163606,
+        163594,
+        14062,
+        163601,
+        3900,
+        554,
+        261,
+        13205,
+        26626,
+        13,
+        163586,
+        163587,
+        2482,
+        163601,
+        24328,
+        554,
+        398,
+        30,
+        163586,
+        163588,
+        69702,
+        163601,
+        163606,
     ]

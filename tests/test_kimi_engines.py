@@ -37,7 +37,7 @@ from eaglepipe.drafter.speculators import export_speculators
 from eaglepipe.drafter.train import train_drafter
 from eaglepipe.hidden.backends.hf import HFBackend
 from eaglepipe.target.architecture import TargetArchitecture
-from eaglepipe.target.load import load_target
+from eaglepipe.target.load import load_target, load_target_tokenizer
 from eaglepipe.target.tiny import (
     DEEPSEEK_V3_TINY,
     KIMI_K25_TINY,
@@ -45,7 +45,6 @@ from eaglepipe.target.tiny import (
     read_conversations,
     teacher_samples,
 )
-from eaglepipe.target.tokenizer import load_target_tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

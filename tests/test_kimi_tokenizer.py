@@ -18,12 +18,13 @@ from eaglepipe.target.kimi_tokenizer import (
     KimiTokenizer,
     split_long_runs,
 )
-from eaglepipe.target.tokenizer import TokenizerError, load_target_tokenizer
+from eaglepipe.target.load import load_target_tokenizer
+from eaglepipe.target.tokenizer import TokenizerError
 
 REAL_DIR_VARIABLE = "EAGLEPIPE_KIMI_TOKENIZER_DIR"
 MIXED = (
     "Hello, world! It's 2024-06-01.\n\tdef f(x):\n        return x ** 2\n"
-    "你好，世界。こんにちは 안녕 Привет 😀 {\"a\": [1, 2.5]}"
+    '你好，世界。こんにちは 안녕 Привет 😀 {"a": [1, 2.5]}'
 )
 
 

@@ -28,6 +28,7 @@ from eaglepipe.emulator.kimi_synthetic import (
 )
 from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, engine_reply
 from eaglepipe.target import kimi_chat
+from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.segments import encode_segments
 from eaglepipe.tokens.build import build_tokens
 from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method
@@ -69,7 +70,7 @@ def rebuild_under(kimi, corpus: list[TrueSample], name: str, informed: bool) -> 
     settings = token_settings(pins={name: pin_for(switch)} if informed else {})
     records = [reply_record(kimi, sample, switch) for sample in corpus]
     prompts = {sample.prompt["id"]: sample.prompt for sample in corpus}
-    rebuilt = Rebuilder(kimi.chat_format(), settings).rebuild(prompts, records, name)
+    rebuilt = Rebuilder(chat_format_for(kimi), settings).rebuild(prompts, records, name)
     return Run(switch, informed, rebuilt, corpus)
 
 
@@ -125,8 +126,8 @@ def test_a_token_split_against_bpe_is_caught_by_the_count(runs, kimi):
     for sample, truth in split:
         assert sample.billed_diff == -1
         assert sample.method in (Method.REBUILT_OFF_BY_K, Method.REBUILT_SEGMENTATION_ONLY)
-        assert only_split_differs(kimi.chat_format(), sample.completion_ids, truth.ids)
-    chat = kimi.chat_format()
+        assert only_split_differs(chat_format_for(kimi), sample.completion_ids, truth.ids)
+    chat = chat_format_for(kimi)
     specials = set(chat.special_ids)
 
     def plain(sample) -> bool:
@@ -143,7 +144,7 @@ def test_every_answer_labelled_segmentation_only_differs_from_its_truth_only_in_
     special ids in the same order, same text between them. The one exception is the documented blind spot:
     an engine that strips the content's ends (an older SGLang), not named in the config, leaves nothing in
     the text to see; the answers it mislabels are exactly those whose content had whitespace at an end."""
-    chat = kimi.chat_format()
+    chat = chat_format_for(kimi)
     labelled = 0
     for run in runs:
         for sample, truth in zip(run.rebuilt.samples, run.truth, strict=True):
@@ -183,7 +184,7 @@ def test_exact_ids_teach_the_engine_for_that_providers_text_only_replies(kimi, c
     for record in records[1::2]:
         del record["response"]["token_ids"]
     prompts = {sample.prompt["id"]: sample.prompt for sample in corpus}
-    rebuilt = Rebuilder(kimi.chat_format(), token_settings()).rebuild(prompts, records, "mixed")
+    rebuilt = Rebuilder(chat_format_for(kimi), token_settings()).rebuild(prompts, records, "mixed")
     text_only = rebuilt.samples[1::2]
     assert all(s.method is Method.SERVER_IDS for s in rebuilt.samples[::2])
     assert rebuilt.profiles["sglang_stripping_ids"].whitespace == ("strip",)
@@ -197,7 +198,7 @@ def test_server_ids_that_disagree_with_the_text_are_rebuilt_instead(kimi, corpus
     sample = next(s for s in corpus if s.stopped and len(s.answer_ids) > 20)
     record = reply_record(kimi, sample, SWITCHES["vllm_ids"])
     record["response"]["token_ids"] = record["response"]["token_ids"][:-3]
-    rebuilder = Rebuilder(kimi.chat_format(), token_settings())
+    rebuilder = Rebuilder(chat_format_for(kimi), token_settings())
     rebuilt = rebuilder.rebuild({sample.prompt["id"]: sample.prompt}, [record], "one")
     assert rebuilt.samples[0].method is not Method.SERVER_IDS
     assert rebuilt.samples[0].flags & Flag.SERVER_IDS_REJECTED
@@ -211,7 +212,7 @@ def test_logprob_bytes_of_parts_of_characters_are_refused_and_rebuilt_from_text(
     sample = bytes_of_characters(kimi, [s for s in corpus if s.stopped])[0]
     record = reply_record(kimi, sample, SWITCHES["vllm_logprobs"])
     prompts = {sample.prompt["id"]: sample.prompt}
-    as_sent = Rebuilder(kimi.chat_format(), token_settings()).rebuild(prompts, [record], "one").samples[0]
+    as_sent = Rebuilder(chat_format_for(kimi), token_settings()).rebuild(prompts, [record], "one").samples[0]
     assert (as_sent.method, as_sent.completion_ids) == (Method.LOGPROB_BYTES, sample.ids)
     parts = 0
     for entry in record["response"]["logprobs"]["content"]:
@@ -221,7 +222,7 @@ def test_logprob_bytes_of_parts_of_characters_are_refused_and_rebuilt_from_text(
             entry["bytes"] = list(entry["token"].encode())
             parts += 1
     assert parts >= 2
-    rebuilt = Rebuilder(kimi.chat_format(), token_settings()).rebuild(prompts, [record], "one").samples[0]
+    rebuilt = Rebuilder(chat_format_for(kimi), token_settings()).rebuild(prompts, [record], "one").samples[0]
     assert rebuilt.method not in EXACT_METHODS
     assert rebuilt.flags & Flag.SERVER_IDS_REJECTED
 
@@ -231,7 +232,7 @@ def test_prompt_lengths_are_checked_against_the_bill_in_both_tool_formats(kimi, 
     prompts = {s.prompt["id"]: s.prompt for s in with_tools}
     json_only = replace(SWITCHES["exact"], name="json_tools", prompt_tool_format="json")
     differs = [s for s in with_tools if s.prompt_lengths["json"] != s.prompt_lengths["typescript"]]
-    rebuilt = Rebuilder(kimi.chat_format(), token_settings()).rebuild(
+    rebuilt = Rebuilder(chat_format_for(kimi), token_settings()).rebuild(
         prompts, [reply_record(kimi, s, json_only) for s in with_tools], "j"
     )
     for sample, truth in zip(rebuilt.samples, with_tools, strict=True):
@@ -305,7 +306,7 @@ def test_every_feature_renders_and_rebuilds(kimi):
             for n in ("get_weather", "search", "run_python")
         ],
     }
-    target = kimi.chat_format()
+    target = chat_format_for(kimi)
     prompt_ids = target.prompt_ids(FEATURES, prompt["tools"], thinking=True, tool_format="typescript")
     # (SGLang's non-streamed numbering cannot be told from Kimi's in one reply without the config.)
     for name in ("exact", "vllm", "vllm_spaced", "sglang_stripping"):
@@ -327,7 +328,7 @@ def test_every_feature_renders_and_rebuilds(kimi):
 @pytest.mark.parametrize("seed", range(6))
 def test_an_edited_piece_has_the_ids_of_its_whole_encoding(kimi, corpus, seed):
     rng = random.Random(seed)
-    target = kimi.chat_format()
+    target = chat_format_for(kimi)
     texts = [kimi.decode(s.answer_ids) for s in rng.sample(corpus, 20)]
     for text in texts:
         piece = Piece(text, target.encode)
@@ -343,7 +344,7 @@ def test_an_edited_piece_has_the_ids_of_its_whole_encoding(kimi, corpus, seed):
 
 
 def test_malformed_completions_are_named(kimi):
-    target = kimi.chat_format()
+    target = chat_format_for(kimi)
     prompt = target.prompt_ids([{"role": "user", "content": "hi"}], None, thinking=True, tool_format="json")
     layout, text = target.layout, kimi.encode("answer")
     user = kimi.special_id("<|im_user|>")
@@ -429,7 +430,7 @@ def test_a_provider_is_read_by_most_of_its_replies_and_the_others_by_the_reading
     assert len(clean) == 11
     usual, odd = (padding, plain) if majority == "pad" else (plain, padding)
     records = [as_provider(s, usual) for s in clean[:10]] + [as_provider(clean[10], odd)]
-    rebuilder = Rebuilder(kimi.chat_format(), token_settings())
+    rebuilder = Rebuilder(chat_format_for(kimi), token_settings())
     rebuilt = rebuilder.rebuild({s.prompt["id"]: s.prompt for s in clean}, records, "mixed")
     profile = rebuilt.profiles["mixed"]
     assert profile.whitespace == (majority,)

@@ -19,8 +19,8 @@ from stage_settings import token_settings
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text import TokenizerText
 from eaglepipe.emulator.text_like import SWITCHES, engine_reply
-from eaglepipe.target.load import load_tokenizer
-from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.target.chat_format import chat_format_for
+from eaglepipe.target.load import load_target_tokenizer, load_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, Method, flag_names
 from eaglepipe.tokens.rebuild import Rebuilder
 
@@ -108,7 +108,7 @@ def test_served_text_is_the_switch_applied_to_the_ids(served, model_dir):
 def test_every_greedy_answer_is_rebuilt_exactly_or_labelled(served, model_dir):
     prompts, answers, _ = served
     tokenizer = load_target_tokenizer(model_dir)
-    target = tokenizer.chat_format()
+    target = chat_format_for(tokenizer)
     records = [journal_record(p, a) for p, a in zip(prompts, answers, strict=True)]
     rebuilt = Rebuilder(target, token_settings()).rebuild({p["id"]: p for p in prompts}, records, "local")
     true = 0

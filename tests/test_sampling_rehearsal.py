@@ -18,8 +18,9 @@ from stage_settings import generation_settings, token_settings
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.client import generate_set
 from eaglepipe.openrouter.journal import load_done
+from eaglepipe.target.chat_format import chat_format_for
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.target.tiny import KIMI_K25_TINY
-from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.build import build_tokens, keep_reason
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.rebuild import Rebuilder
@@ -98,7 +99,7 @@ def check_against_truth(model_dir: Path, folder: Path, prompts: list[dict[str, A
         folder / "tokens.json",
         settings,
     )
-    chat = load_target_tokenizer(model_dir).chat_format()
+    chat = chat_format_for(load_target_tokenizer(model_dir))
     rebuilt = Rebuilder(chat, settings).rebuild(
         {p["id"]: p for p in prompts}, [as_openrouter_returns(r) for r in records], "rehearsal"
     )

@@ -17,6 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.train import TrainSettings, train_drafter
 
@@ -89,9 +92,6 @@ def train_data_parallel(
 
 
 def main() -> None:
-    import torch
-    import torch.distributed as dist
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank %(process)d %(name)s: %(message)s")
     job = json.loads(Path(sys.argv[1]).read_text())
     settings = TrainSettings(**job["settings"])

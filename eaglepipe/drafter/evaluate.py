@@ -26,8 +26,7 @@ from eaglepipe.drafter.export import load_exported
 from eaglepipe.drafter.model import DraftCache, Eagle3Drafter
 from eaglepipe.target.attention import use_grouped_sdpa
 from eaglepipe.target.kv_cache import filled_layers, growing_cache
-from eaglepipe.target.load import load_target
-from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.target.load import load_target, load_target_tokenizer
 
 PROMPT_LOOKUP_MAX_NGRAM = 3
 ENGINE = "eaglepipe draft-and-verify loop (transformers target, greedy, one draft chain)"

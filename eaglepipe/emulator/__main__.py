@@ -23,14 +23,14 @@ import uvicorn
 from starlette.applications import Starlette
 
 from eaglepipe.emulator.app import Emulator, build_app, hide_injected_resets
-from eaglepipe.emulator.backend import PromptText, ReplyShape, TokenEngine, TokenText
+from eaglepipe.emulator.backend import PromptText, ReplyShape, TextReplies, TokenEngine, TokenText
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.faults import load_faults
 from eaglepipe.emulator.providers import ReplyHabits, load_endpoints
 from eaglepipe.emulator.text_like import SERVED_SWITCHES, SWITCHES
 from eaglepipe.io import atomic_write
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
-from eaglepipe.target.tokenizer import has_kimi_tokenizer, load_target_tokenizer
+from eaglepipe.target.tokenizer import has_kimi_tokenizer
 
 log = logging.getLogger("eaglepipe.emulator")
 
@@ -219,13 +219,13 @@ def _context_length(model_dir: Path) -> int:
 
 
 def _model_backend(args: argparse.Namespace) -> tuple[TokenEngine, PromptText, ReplyShape]:
-    """The real model: imported here, so that synthetic mode never loads torch or transformers. A model in
-    Kimi-K2.5's layout answers with reasoning and tool calls as each endpoint's habits say (kimi_model.py);
-    any other answers plain text, as `--text-like` says."""
+    """The real model: imported here, so that synthetic mode never loads torch, transformers or a tokenizer.
+    A model in Kimi-K2.5's layout answers with reasoning and tool calls as each endpoint's habits say
+    (kimi_model.py); any other answers plain text, as `--text-like` says."""
     import torch
 
     from eaglepipe.emulator.engine import Engine
-    from eaglepipe.target.load import load_target, load_tokenizer
+    from eaglepipe.target.load import load_target, load_target_tokenizer, load_tokenizer
 
     torch.set_num_threads(args.threads)
     model = load_target(args.model_dir)
@@ -236,7 +236,6 @@ def _model_backend(args: argparse.Namespace) -> tuple[TokenEngine, PromptText, R
         text = KimiModelText(load_target_tokenizer(args.model_dir))
         engine = Engine(model, text.tokenizer.stop_id, pad_id, max_batch=args.max_batch)
         return engine, text, KimiModelReplies(text)
-    from eaglepipe.emulator.backend import TextReplies
     from eaglepipe.emulator.text import TokenizerText
 
     tokenizer = load_tokenizer(args.model_dir)

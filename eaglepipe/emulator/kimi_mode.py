@@ -39,8 +39,9 @@ from eaglepipe.emulator.text_like import (
     engine_reply,
 )
 from eaglepipe.target import kimi_chat
-from eaglepipe.target.chat_format import ChatFormat
-from eaglepipe.target.tokenizer import TargetTokenizer, load_target_tokenizer
+from eaglepipe.target.chat_format import ChatFormat, chat_format_for
+from eaglepipe.target.load import load_target_tokenizer
+from eaglepipe.target.tokenizer import TargetTokenizer
 
 PIECE_CHARS = 16  # characters of reasoning, content or arguments per streamed delta
 
@@ -66,7 +67,7 @@ class KimiCorpus:
 
     def __init__(self, tokenizer: TargetTokenizer, samples: list[TrueSample], seed: int) -> None:
         self.tokenizer = tokenizer
-        self.format = tokenizer.chat_format()
+        self.format = chat_format_for(tokenizer)
         self.seed = seed
         self.samples = samples
         self.by_prompt: dict[tuple[int, ...], TrueSample] = {}

@@ -24,7 +24,7 @@ from eaglepipe.emulator.kimi_mode import (
 )
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.text_like import SWITCHES, EngineReply
-from eaglepipe.target.chat_format import ChatFormat
+from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.tokenizer import TargetTokenizer
 
 
@@ -33,7 +33,7 @@ class KimiModelText:
 
     def __init__(self, tokenizer: TargetTokenizer) -> None:
         self.tokenizer = tokenizer
-        self.format: ChatFormat = tokenizer.chat_format()
+        self.format: ChatFormat = chat_format_for(tokenizer)
 
     def prompt_ids(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool

@@ -24,7 +24,7 @@ import regex
 
 from eaglepipe.emulator.text_like import EngineReply, EngineSwitch, engine_reply
 from eaglepipe.target import kimi_chat
-from eaglepipe.target.chat_format import ChatFormat
+from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.kimi_layout import layout_corpus
 from eaglepipe.target.kimi_tools import ToolFormat
 from eaglepipe.target.tokenizer import TargetTokenizer
@@ -332,7 +332,7 @@ def kimi_corpus(tokenizer: TargetTokenizer, count: int, seed: int = 0, length: i
     sentences in reasoning and content)."""
     rng = random.Random(seed)
     splitter = _Splitter(tokenizer)
-    chat_format = tokenizer.chat_format()
+    chat_format = chat_format_for(tokenizer)
     return [_sample(chat_format, rng, index, splitter, length) for index in range(count)]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, engine_reply, kept_markers
+from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.hf_tokenizer import HFTokenizer
 
 
@@ -102,7 +103,7 @@ class TokenizerText:
         self.token_bytes = TokenBytes(tokenizer)
         self.switch = text_like
         self.target = HFTokenizer(tokenizer)
-        self.format = self.target.chat_format()
+        self.format = chat_format_for(self.target)
         kept = kept_markers(self.target)
         self.skipped = (
             frozenset(self.format.special_ids - kept) if text_like.skip_special_tokens else frozenset()

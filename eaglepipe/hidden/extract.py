@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +21,16 @@ from torch import Tensor
 
 from eaglepipe.hidden import HiddenError
 from eaglepipe.hidden.backends import (
+    BACKENDS,
     ENGINE_BACKENDS,
     STORED,
     BackendSettings,
     CapturedStates,
     StateBackend,
-    open_backend,
 )
+from eaglepipe.hidden.backends.hf import HFBackend
+from eaglepipe.hidden.backends.sglang import SGLangBackend
+from eaglepipe.hidden.backends.vllm import VLLMBackend
 from eaglepipe.hidden.shards import (
     ShardPlan,
     manifest_entry,
@@ -43,6 +48,28 @@ from eaglepipe.target.layer_ids import check_aux_layers, default_aux_layers
 from eaglepipe.tokens.token_file import TokenFileError, read_token_rows
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def open_backend(
+    settings: BackendSettings,
+    target_dir: Path,
+    aux_layers: list[int],
+    target: TargetArchitecture,
+    longest_sample: int,
+) -> Iterator[StateBackend]:
+    """The backend, with its engine started once for the whole job (sized for `longest_sample` tokens) and
+    shut down after it. Here, not in `backends/__init__`, which every backend imports."""
+    if settings.name == "hf":
+        yield HFBackend(settings, target_dir, aux_layers)
+    elif settings.name == "vllm":
+        with VLLMBackend(settings, target_dir, aux_layers, target, longest_sample) as backend:
+            yield backend
+    elif settings.name == "sglang":
+        with SGLangBackend(settings, target_dir, aux_layers, target, longest_sample) as backend:
+            yield backend
+    else:
+        raise ValueError(f"config key 'hidden.backend' = {settings.name!r}: choose one of {BACKENDS}")
 
 
 @dataclass(frozen=True)

@@ -78,10 +78,7 @@ def spend_plan(
     bytes_per_token = shard_bytes_per_token(hidden_size, config["hidden"]["dtype"])
     count_input = InputTokens(target_dir)
     bought_sets = sets_answered_by(config, "openrouter", config["datasets"])
-    sets = [
-        _plan_set(config, ds, layout, fingerprint, prices, count_input, bought_sets)
-        for ds in datasets
-    ]
+    sets = [_plan_set(config, ds, layout, fingerprint, prices, count_input, bought_sets) for ds in datasets]
     ledger = read_ledger(layout.ledger)
     spent = ledger.usd
     budget = float(config["budget"]["usd"])
@@ -252,8 +249,13 @@ def _covered(item: SetPlan, reach_usd: float) -> SetPlan:
     bought = None if item.output_tokens is None else round(item.output_tokens * fraction)
     todo_tokens = None if item.todo_tokens is None else round(item.todo_tokens * fraction)
     todo_samples = None if item.todo_samples is None else round(item.todo_samples * fraction)
-    return replace(item, coverage=coverage, bought_output_tokens=bought, todo_tokens=todo_tokens,
-                   todo_samples=todo_samples)
+    return replace(
+        item,
+        coverage=coverage,
+        bought_output_tokens=bought,
+        todo_tokens=todo_tokens,
+        todo_samples=todo_samples,
+    )
 
 
 def _with_hidden_tokens(item: SetPlan, hidden: dict[str, Any], bytes_per_token: int | None) -> SetPlan:
@@ -422,11 +424,12 @@ def _template_format(target_dir: Path) -> ChatFormat | None:
     `thinking` and `tool_format`."""
     if not (target_dir / "tokenizer.json").is_file():
         return None
-    try:
+    try:  # imported here, on first use: the plan module loads while Snakemake parses
         from transformers import PreTrainedTokenizerFast
 
+        from eaglepipe.target.chat_format import TemplateChatFormat
         from eaglepipe.target.hf_tokenizer import HFTokenizer
 
-        return HFTokenizer(PreTrainedTokenizerFast.from_pretrained(str(target_dir))).chat_format()
+        return TemplateChatFormat(HFTokenizer(PreTrainedTokenizerFast.from_pretrained(str(target_dir))))
     except Exception:  # any failure only means the cruder estimate is used
         return None

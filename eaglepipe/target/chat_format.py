@@ -4,8 +4,8 @@ Two families sit behind it. Kimi-K2.5 renders natively (`kimi_chat`): `reasoning
 section] <|im_end|>`, tool declarations in one of two formats. An HF chat template (the embedded SmolLM2's
 ChatML) renders through `chat.render_prompt_ids`, and its answer is one text then the stop id. The token
 stage, the emulator, the spend plan and the evaluation all go through `ChatFormat`, loaded once per stage
-with the target's tokenizer (`load_target_tokenizer(dir).chat_format()`), so none of them branches on the
-family.
+for the target's tokenizer (`chat_format_for(load_target_tokenizer(dir))`), so none of them branches on
+the family.
 """
 
 from __future__ import annotations
@@ -13,20 +13,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from eaglepipe.target import chatml, kimi_chat
 from eaglepipe.target.chat import render_prompt_ids
-from eaglepipe.target.kimi_tokenizer import MAX_RUN_CHARS
+from eaglepipe.target.hf_tokenizer import HFTokenizer
+from eaglepipe.target.kimi_tokenizer import MAX_RUN_CHARS, KimiTokenizer
 from eaglepipe.target.kimi_tools import ToolDeclarationError, ToolFormat, declare_tools
 from eaglepipe.target.segments import Segment, Text, encode_segments
 from eaglepipe.target.tokenizer import TargetTokenizer
-
-if TYPE_CHECKING:
-    from eaglepipe.target.hf_tokenizer import HFTokenizer
-    from eaglepipe.target.kimi_tokenizer import KimiTokenizer
 
 Message = dict[str, Any]
 
@@ -45,8 +42,14 @@ class Layout:
 
     def sections(self) -> SectionMarkers:
         """The markers of a sectioned (Kimi) format, every one set; ValueError for a one-text layout."""
-        markers = (self.think_end, self.section_begin, self.section_end, self.call_begin, self.argument_begin,
-                   self.call_end)
+        markers = (
+            self.think_end,
+            self.section_begin,
+            self.section_end,
+            self.call_begin,
+            self.argument_begin,
+            self.call_end,
+        )
         if None in markers:
             raise ValueError("this chat format keeps no sections: its layout has no Kimi markers")
         return SectionMarkers(self.stop, *(marker for marker in markers if marker is not None))
@@ -385,3 +388,13 @@ class TemplateChatFormat:
         if self.layout.stop in ids:
             return None
         return ReadBack(content=self.tokenizer.decode(ids), think_end=True)
+
+
+def chat_format_for(tokenizer: TargetTokenizer) -> ChatFormat:
+    """The chat format a tokenizer's target renders with. Chosen here, where both families are known, so
+    that the tokenizer modules (which the formats import) import no format."""
+    if isinstance(tokenizer, KimiTokenizer):
+        return KimiChatFormat(tokenizer)
+    if isinstance(tokenizer, HFTokenizer):
+        return TemplateChatFormat(tokenizer)
+    raise TypeError(f"no chat format for a {type(tokenizer).__name__}")

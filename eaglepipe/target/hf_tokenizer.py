@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache, cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eaglepipe.target.chat import stop_token_id
 from eaglepipe.target.tokenizer import TokenizerError
-
-if TYPE_CHECKING:
-    from eaglepipe.target.chat_format import TemplateChatFormat
 
 
 @cache
@@ -71,8 +68,3 @@ class HFTokenizer:
             )
         alphabet = byte_level_alphabet()
         return bytes(alphabet[char] for char in self.hf.convert_ids_to_tokens(token_id))
-
-    def chat_format(self) -> TemplateChatFormat:
-        from eaglepipe.target.chat_format import TemplateChatFormat  # it imports this module
-
-        return TemplateChatFormat(self)

@@ -14,14 +14,10 @@ import re
 from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import tiktoken
 
 from eaglepipe.target.tokenizer import TokenizerError
-
-if TYPE_CHECKING:
-    from eaglepipe.target.chat_format import KimiChatFormat
 
 # Moonshot's split pattern; `&&` is class intersection, which tiktoken's regex engine supports.
 KIMI_PAT_STR = "|".join(
@@ -272,8 +268,3 @@ class KimiTokenizer:
         if not 0 <= token_id < self.vocab_size:
             raise TokenizerError(f"{self.source}: id {token_id} lies outside 0..{self.vocab_size - 1}")
         return self.encoding.decode_single_token_bytes(token_id)
-
-    def chat_format(self) -> KimiChatFormat:
-        from eaglepipe.target.chat_format import KimiChatFormat  # it imports this module
-
-        return KimiChatFormat(self)

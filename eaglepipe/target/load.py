@@ -1,4 +1,4 @@
-"""Loading the target's language model for the CPU/GPU stages."""
+"""Loading the target's tokenizer and language model for the CPU/GPU stages."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from eaglepipe.target.architecture import TargetArchitecture
+from eaglepipe.target.hf_tokenizer import HFTokenizer
+from eaglepipe.target.kimi_tokenizer import KimiTokenizer
+from eaglepipe.target.tokenizer import TargetTokenizer, has_kimi_tokenizer
 
 # A nested text config's model type as the checkpoint spells it -> transformers' class for it.
 TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
@@ -25,6 +28,14 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def load_target_tokenizer(target_dir: str | Path) -> TargetTokenizer:
+    """Kimi's native tokenizer when the directory holds `tiktoken.model`, else the directory's HF tokenizer
+    (transformers is imported only then: a Kimi stage never needs it)."""
+    if has_kimi_tokenizer(target_dir):
+        return KimiTokenizer.from_dir(target_dir)
+    return HFTokenizer(load_tokenizer(target_dir))
 
 
 def load_target(model_dir: str | Path, dtype: str = "float32", device: str = "cpu") -> Any:

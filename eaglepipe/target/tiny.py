@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglepipe.errors import EaglepipeError
+from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
 from eaglepipe.target.kimi_tokenizer import KimiTokenizer
@@ -232,7 +233,7 @@ def teacher_answer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] |
 def teacher_samples(tokenizer: KimiTokenizer, conversations: list[dict[str, Any]]) -> list[TeacherSample]:
     """Each conversation rendered as a thinking turn (tools declared in TypeScript, as Kimi's template
     does), with its teacher answer."""
-    chat = tokenizer.chat_format()
+    chat = chat_format_for(tokenizer)
     samples = []
     for record in conversations:
         messages, tools = record["messages"], record.get("tools")

@@ -2,18 +2,19 @@
 
 Stages need ids for ordinary text (a literal `<|im_end|>` in a user's text must stay text), the ids of
 named special tokens, and the raw bytes of every id (logprobs report `bytes`, which map back to ranks).
+
+The bottom of target/'s tokenizer stack: both implementations import it, so it imports neither. Picking
+one for a directory is `load.load_target_tokenizer`; a tokenizer's chat format is
+`chat_format.chat_format_for`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from eaglepipe.errors import EaglepipeError
-
-if TYPE_CHECKING:
-    from eaglepipe.target.chat_format import ChatFormat
 
 
 class TokenizerError(EaglepipeError, ValueError):
@@ -53,28 +54,7 @@ class TargetTokenizer(Protocol):
         """The raw bytes of one id (a special id's name as UTF-8)."""
         ...
 
-    def chat_format(self) -> ChatFormat:
-        """The chat format this tokenizer's target renders with (`eaglepipe.target.chat_format`)."""
-        ...
-
 
 def has_kimi_tokenizer(target_dir: str | Path) -> bool:
     """Kimi-K2.5's layout: a `tiktoken.model` rank file rather than an HF tokenizer."""
     return (Path(target_dir) / "tiktoken.model").is_file()
-
-
-def load_target_tokenizer(target_dir: str | Path) -> TargetTokenizer:
-    """Kimi's native tokenizer when the directory holds `tiktoken.model`, else the directory's HF tokenizer.
-
-    Both imports are deferred: transformers takes seconds to import and a Kimi stage never needs it, and
-    the two implementations import this module.
-    """
-    target_dir = Path(target_dir)
-    if has_kimi_tokenizer(target_dir):
-        from eaglepipe.target.kimi_tokenizer import KimiTokenizer
-
-        return KimiTokenizer.from_dir(target_dir)
-    from eaglepipe.target.hf_tokenizer import HFTokenizer
-    from eaglepipe.target.load import load_tokenizer
-
-    return HFTokenizer(load_tokenizer(target_dir))

@@ -22,8 +22,8 @@ from safetensors.torch import save_file
 
 from eaglepipe.io import atomic_write, read_jsonl, write_json
 from eaglepipe.prompts.records import read_prompt_set
-from eaglepipe.target.chat_format import ChatFormat
-from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.target.chat_format import ChatFormat, chat_format_for
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
 from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, RebuiltSample, TokensError, TokenSettings
 from eaglepipe.tokens.round_trip import MISSES_LISTED, round_trip
@@ -42,7 +42,7 @@ def build_tokens(
     settings: TokenSettings,
 ) -> dict[str, Any]:
     """Write `tokens.safetensors` and `tokens.json` for one prompt set; returns the statistics."""
-    chat = load_target_tokenizer(target_dir).chat_format()
+    chat = chat_format_for(load_target_tokenizer(target_dir))
     prompts = {p["id"]: p for p in read_prompt_set(prompts_path)}
     records = list(read_jsonl(responses_path))
     rebuilt = Rebuilder(chat, settings).rebuild(prompts, records, str(responses_path))

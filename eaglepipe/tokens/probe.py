@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from eaglepipe.prompts.records import PromptRecord
-from eaglepipe.target.tokenizer import load_target_tokenizer
+from eaglepipe.target.chat_format import chat_format_for
+from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
 from eaglepipe.tokens.reply import parse_reply
 from eaglepipe.tokens.validate import marker_text_problem
@@ -40,7 +41,7 @@ def usability_probe(target_dir: Path) -> Callable[[PromptRecord, dict[str, Any]]
     """`probe(prompt, record)`: why the journaled answer cannot be trained on, or None. None (and a warning)
     when the target's tokenizer is not at `target_dir`, e.g. on a login node without the weights."""
     try:
-        chat = load_target_tokenizer(target_dir).chat_format()
+        chat = chat_format_for(load_target_tokenizer(target_dir))
     except (OSError, ValueError) as err:
         log.warning("no usability probe: the target's tokenizer at %s cannot be loaded (%s)", target_dir, err)
         return None

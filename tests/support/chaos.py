@@ -29,6 +29,7 @@ from eaglepipe.openrouter.appendlog import read_lines
 from eaglepipe.openrouter.client import GenerationSummary, generate_set
 from eaglepipe.openrouter.journal import read_records
 from eaglepipe.openrouter.ledger import ledger_path
+from eaglepipe.prompts.records import PromptRecord
 
 MODEL = "moonshotai/kimi-k2.5"
 KEPT = (("Chutes", "chutes/int4"), ("Moonshot AI", "moonshotai"))
@@ -115,7 +116,7 @@ def run_chaos(
             recovery_wait_s=5.0,
             request_timeout_s=request_timeout_s,
         )
-        batch = [
+        batch: list[PromptRecord] = [
             {"id": f"p{i}", "messages": [{"role": "user", "content": f"Question {i}"}]}
             for i in range(prompts)
         ]

@@ -7,16 +7,12 @@ state after the target's final norm, converting where its engine stores somethin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from eaglepipe.target.architecture import TargetArchitecture
 
 BACKENDS = ("hf", "sglang", "vllm")
 # Backends that hand the target to a serving engine, which reads its config its own way.
@@ -80,34 +76,4 @@ def memory_problem(target_dir: str | Path, gpus: int, fraction: float, per_gpu_b
 
 def gpu_memory_problem(target_dir: str | Path, gpus: int, fraction: float) -> str | None:
     """`memory_problem` for this machine's first GPU (the engines' workers ask it before loading)."""
-    import torch
-
     return memory_problem(target_dir, gpus, fraction, torch.cuda.get_device_properties(0).total_memory)
-
-
-@contextmanager
-def open_backend(
-    settings: BackendSettings,
-    target_dir: Path,
-    aux_layers: list[int],
-    target: TargetArchitecture,
-    longest_sample: int,
-) -> Iterator[StateBackend]:
-    """The backend, with its engine started once for the whole job (sized for `longest_sample` tokens) and
-    shut down after it."""
-    if settings.name == "hf":
-        from eaglepipe.hidden.backends.hf import HFBackend
-
-        yield HFBackend(settings, target_dir, aux_layers)
-    elif settings.name == "vllm":
-        from eaglepipe.hidden.backends.vllm import VLLMBackend
-
-        with VLLMBackend(settings, target_dir, aux_layers, target, longest_sample) as backend:
-            yield backend
-    elif settings.name == "sglang":
-        from eaglepipe.hidden.backends.sglang import SGLangBackend
-
-        with SGLangBackend(settings, target_dir, aux_layers, target, longest_sample) as backend:
-            yield backend
-    else:
-        raise ValueError(f"config key 'hidden.backend' = {settings.name!r}: choose one of {BACKENDS}")

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -25,6 +26,7 @@ from torch import Tensor
 
 import eaglepipe
 from eaglepipe.hidden import HiddenError
+from eaglepipe.hidden.backends import CapturedStates
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +147,6 @@ class EngineBackend:
         return last
 
     def states(self, samples: list[Tensor]) -> list[Any]:
-        from eaglepipe.hidden.backends import CapturedStates
-
         stacked, token_ids, offsets = self.engine.run(samples)
         aux, final = stacked[:, :-1].flatten(1), self.final_state(stacked[:, -1])
         return [
@@ -173,8 +173,6 @@ class WorkerReplies:
     @staticmethod
     def requests() -> Any:
         """(samples file, out file) per request line, until stdin closes."""
-        import sys
-
         for line in sys.stdin:
             request = json.loads(line)
             yield request["samples"], request["out"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from eaglepipe.emulator.kimi_synthetic import TrueSample, sample_record
 from eaglepipe.emulator.text_like import EngineReply
-from eaglepipe.target.chat_format import ChatFormat
+from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.tokenizer import TargetTokenizer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -123,7 +123,7 @@ def engine_corpus(
     """Every engine's replies (both modes) to every sample, in sample order."""
     model_dir = engine_model_dir(tokenizer_dir, work / "model")
     inputs = work / "inputs.jsonl"
-    chat_format = tokenizer.chat_format()
+    chat_format = chat_format_for(tokenizer)
     inputs.write_text("".join(json.dumps(engine_input(chat_format, s)) + "\n" for s in samples))
     return [
         line
@@ -159,7 +159,7 @@ def main() -> None:
     """`PYTHONPATH=tests python -m support.engines.corpus OUT_DIR [COUNT]`: the corpus, for a look by hand."""
     from eaglepipe.emulator.kimi_synthetic import kimi_corpus
     from eaglepipe.target.kimi_layout import ensure_kimi_layout
-    from eaglepipe.target.tokenizer import load_target_tokenizer
+    from eaglepipe.target.load import load_target_tokenizer
 
     out = Path(sys.argv[1])
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 100
