@@ -13,6 +13,7 @@ from typing import Any
 
 from eaglepipe.hidden.storage import bytes_per_token
 from eaglepipe.openrouter.ledger import ledger_path
+from eaglepipe.openrouter.records import iter_responses
 
 
 @dataclass(frozen=True)
@@ -51,16 +52,13 @@ def read_answers(path: Path | None) -> list[Answer] | None:
     line at a time."""
     if path is None or not path.is_file():
         return None
-    answers = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                record = json.loads(line)
-                answers.append(Answer(
-                    completion_tokens=(record.get("usage") or {}).get("completion_tokens"),
-                    finish_reason=(record.get("response") or {}).get("finish_reason") or "none",
-                ))
-    return answers
+    return [
+        Answer(
+            completion_tokens=(record.get("usage") or {}).get("completion_tokens"),
+            finish_reason=(record.get("response") or {}).get("finish_reason") or "none",
+        )
+        for record in iter_responses(path)
+    ]
 
 
 def read_billed(ledger_dir: Path) -> list[dict[str, Any]]:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eaglepipe.io import atomic_write
 from eaglepipe.openrouter.appendlog import AppendLog, read_lines, read_new_lines
+from eaglepipe.openrouter.errors import OpenRouterError
+from eaglepipe.openrouter.records import ResponseRecord, record_problem
 
 RECORDS_FILE = "records.jsonl"
 FAILED_FILE = "failed.jsonl"
@@ -23,18 +26,28 @@ FAILED_FILE = "failed.jsonl"
 TALLY_FILE = "tally.json"
 TALLY_VERSION = 1
 
-
-def read_records(journal_dir: Path) -> list[dict[str, Any]]:
-    """All complete records in write order; a torn last line is skipped, not an error."""
-    return read_lines(Path(journal_dir) / RECORDS_FILE)
+Keyed = TypeVar("Keyed", bound=Mapping[str, Any])
 
 
-def load_done(journal_dir: Path, fingerprint: str) -> dict[str, dict[str, Any]]:
+def read_records(journal_dir: Path) -> list[ResponseRecord]:
+    """All complete records in write order; a torn last line is skipped, not an error. Each is checked as
+    responses.jsonl's are (`records.record_problem`): the journal's lines become that file's."""
+    path = Path(journal_dir) / RECORDS_FILE
+    records = read_lines(path)
+    for number, record in enumerate(records, start=1):
+        problem = record_problem(record)
+        if problem is not None:
+            raise OpenRouterError(f"{path} line {number} {problem}: fix or delete that line, then rerun")
+    return records  # type: ignore[return-value]  # checked above, line by line
+
+
+def load_done(journal_dir: Path, fingerprint: str) -> dict[str, ResponseRecord]:
     """Responses that may be reused: only the current fingerprint's, keyed by prompt id."""
     return reusable(read_records(journal_dir), fingerprint)
 
 
-def reusable(records: list[dict[str, Any]], fingerprint: str) -> dict[str, dict[str, Any]]:
+def reusable(records: list[Keyed], fingerprint: str) -> dict[str, Keyed]:
+    """Journal records (answers or permanent failures) of `fingerprint`, by prompt id."""
     return {record["prompt_id"]: record for record in records if record.get("fingerprint") == fingerprint}
 
 

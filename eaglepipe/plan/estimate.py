@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglepipe.config import answer_source, is_local_api, sets_answered_by
 from eaglepipe.hidden.storage import bytes_per_token, capped_tokens
-from eaglepipe.io import read_jsonl
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.openrouter.dollars import buys_more_on_rerun, planned_budget
 from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.journal import tally_done
 from eaglepipe.openrouter.ledger import read_ledger
+from eaglepipe.openrouter.records import read_responses
 from eaglepipe.openrouter.routing import dearest_price
 from eaglepipe.plan.hours import plan_hours
 from eaglepipe.plan.model import UNKNOWN, Prices, SetPlan, SpendPlan
@@ -376,13 +376,13 @@ def per_answer_estimate(
     return min(configured, max_tokens), "config"
 
 
-def _completion_tokens(record: dict[str, Any], max_tokens: int) -> int:
+def _completion_tokens(record: Mapping[str, Any], max_tokens: int) -> int:
     """Unknown usage counts as max_tokens, as the client counts it against the token budget."""
     tokens = (record.get("usage") or {}).get("completion_tokens")
     return max_tokens if tokens is None else int(tokens)
 
 
-def _record_tokens(record: dict[str, Any], max_tokens: int) -> int:
+def _record_tokens(record: Mapping[str, Any], max_tokens: int) -> int:
     return int((record.get("usage") or {}).get("prompt_tokens") or 0) + _completion_tokens(record, max_tokens)
 
 
@@ -392,7 +392,7 @@ def _generated_tokens(layout: RunLayout, ds: str, max_tokens: int) -> tuple[int,
     tokens_path = layout.tokens(ds)
     if tokens_path.is_file():
         return token_file_counts(tokens_path)
-    records = read_jsonl(layout.responses(ds))
+    records = read_responses(layout.responses(ds))
     return sum(_record_tokens(record, max_tokens) for record in records), len(records)
 
 

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from eaglepipe.io import atomic_write, read_jsonl, write_json
+from eaglepipe.io import atomic_write, write_json
+from eaglepipe.openrouter.records import ResponseRecord, read_responses
 from eaglepipe.prompts.records import read_prompt_set
 from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.tokenizer import load_target_tokenizer
@@ -44,7 +45,7 @@ def build_tokens(
     """Write `tokens.safetensors` and `tokens.json` for one prompt set; returns the statistics."""
     chat = load_target_tokenizer(target_dir).chat_format()
     prompts = {p["id"]: p for p in read_prompt_set(prompts_path)}
-    records = list(read_jsonl(responses_path))
+    records = read_responses(responses_path)
     rebuilt = Rebuilder(chat, settings).rebuild(prompts, records, str(responses_path))
     text_only = None
     if any(s.server_completion is not None for s in rebuilt.samples):
@@ -80,7 +81,7 @@ def keep_reason(sample: RebuiltSample, settings: TokenSettings) -> str | None:
 
 
 def training_yield(
-    samples: list[RebuiltSample], records: list[dict[str, Any]], settings: TokenSettings
+    samples: list[RebuiltSample], records: list[ResponseRecord], settings: TokenSettings
 ) -> dict[str, Any]:
     """`tokens.json` `yield`: of the output tokens (and dollars) bought for this set's answers, how many
     have exact ids and how many are trained on, and what the rest was dropped for. An answer's tokens are
