@@ -19,8 +19,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.openrouter.records import read_responses
 from eaglepipe.prompts.records import read_prompt_set
+from eaglepipe.responses import read_responses
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import Method
 from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings

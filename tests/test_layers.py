@@ -9,7 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eaglepipe"
-# Lowest first: the base of every stage's errors, the ground floor, the target's facts and the prompts, then
+# Lowest first: the base of every stage's errors, the ground floor, the target's facts, the prompts and the
+# response record (written by generation and the answer sources, read by the token stage below them), then
 # the stages in pipeline order (the emulator is generation's stand-in API; answers from elsewhere reuse
 # generation's readers), then what looks over the whole run.
 LAYERS = [
@@ -17,7 +18,7 @@ LAYERS = [
     ["eaglepipe", "eaglepipe.io", "eaglepipe.progress", "eaglepipe.config", "eaglepipe.layout",
      "eaglepipe.processes"],
     ["eaglepipe.envs"],
-    ["eaglepipe.target", "eaglepipe.prompts"],
+    ["eaglepipe.target", "eaglepipe.prompts", "eaglepipe.responses"],
     ["eaglepipe.tokens"],
     ["eaglepipe.emulator"],
     ["eaglepipe.openrouter"],

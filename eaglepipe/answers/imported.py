@@ -19,10 +19,10 @@ from typing import Any
 
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import write_json
-from eaglepipe.openrouter.records import ResponseBody, ResponseRecord, ResponseUsage, write_responses
 from eaglepipe.prompts.ids import prompt_id
 from eaglepipe.prompts.records import PromptRecord, read_prompt_set
 from eaglepipe.prompts.validate import PromptError, validate_record
+from eaglepipe.responses import ResponseBody, ResponseRecord, ResponseUsage, write_responses
 
 log = logging.getLogger(__name__)
 

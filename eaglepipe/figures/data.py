@@ -13,7 +13,7 @@ from typing import Any
 
 from eaglepipe.hidden.storage import bytes_per_token
 from eaglepipe.openrouter.ledger import ledger_path
-from eaglepipe.openrouter.records import iter_responses
+from eaglepipe.responses import iter_responses
 
 
 @dataclass(frozen=True)

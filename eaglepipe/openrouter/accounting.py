@@ -15,10 +15,10 @@ from eaglepipe.openrouter.budget import Forecast
 from eaglepipe.openrouter.console import ProviderStats
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.ledger import RunLedger
-from eaglepipe.openrouter.records import ResponseRecord
 from eaglepipe.openrouter.replies import RequestFailed
 from eaglepipe.openrouter.taxonomy import Observed
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 
 if TYPE_CHECKING:
     from eaglepipe.openrouter.client import GenerationSummary

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
-from eaglepipe.openrouter.records import ResponseRecord
 from eaglepipe.openrouter.taxonomy import Observed
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 
 if TYPE_CHECKING:
     from eaglepipe.openrouter.replies import RequestFailed

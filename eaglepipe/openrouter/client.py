@@ -44,13 +44,13 @@ from eaglepipe.openrouter.errors import one_line
 from eaglepipe.openrouter.journal import failed_for_good, open_failures, open_journal, read_records, reusable
 from eaglepipe.openrouter.ledger import Heartbeat, RunLedger
 from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
-from eaglepipe.openrouter.records import ResponseRecord
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.openrouter.taxonomy import Observed
 from eaglepipe.progress import eta_seconds, format_eta
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 
 log = logging.getLogger(__name__)
 

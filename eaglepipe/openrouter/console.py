@@ -6,7 +6,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from eaglepipe.openrouter.records import ResponseRecord
+from eaglepipe.responses import ResponseRecord
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from eaglepipe.io import atomic_write
 from eaglepipe.openrouter.appendlog import AppendLog, read_lines, read_new_lines
 from eaglepipe.openrouter.errors import OpenRouterError
-from eaglepipe.openrouter.records import ResponseRecord, record_problem
+from eaglepipe.responses import ResponseRecord, record_problem
 
 RECORDS_FILE = "records.jsonl"
 FAILED_FILE = "failed.jsonl"

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglepipe.openrouter.records import ReplyFields
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ReplyFields
 
 
 def rebuilt_answer(

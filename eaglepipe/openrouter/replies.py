@@ -20,8 +20,8 @@ import httpx
 from eaglepipe.openrouter.answer_transport import ChatRoute, body_arrived
 from eaglepipe.openrouter.errors import error_detail, one_line
 from eaglepipe.openrouter.ratelimit import Wait, throttle_wait
-from eaglepipe.openrouter.records import ReplyFields, ResponseBody
 from eaglepipe.openrouter.taxonomy import TYPED_STATUS, Finish, Observed, Shape, classify, judge_finish
+from eaglepipe.responses import ReplyFields, ResponseBody
 
 
 class RequestFailed(Exception):

@@ -15,10 +15,10 @@ from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, U
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.journal import load_done
-from eaglepipe.openrouter.records import write_responses
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.processes import JobStopped
 from eaglepipe.prompts.records import read_prompt_set
+from eaglepipe.responses import write_responses
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from eaglepipe.openrouter.dollars import buys_more_on_rerun, planned_budget
 from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.journal import tally_done
 from eaglepipe.openrouter.ledger import read_ledger
-from eaglepipe.openrouter.records import read_responses
 from eaglepipe.openrouter.routing import dearest_price
 from eaglepipe.plan.hours import plan_hours
 from eaglepipe.plan.model import UNKNOWN, Prices, SetPlan, SpendPlan
 from eaglepipe.prompts.records import PromptRecord, read_prompt_set
 from eaglepipe.prompts.size import prompt_json_bytes
+from eaglepipe.responses import read_responses
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError, published_config_dir
 from eaglepipe.tokens.token_file import token_file_counts
 

@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import save_file
 
 from eaglepipe.io import atomic_write, write_json
-from eaglepipe.openrouter.records import ResponseRecord, read_responses
 from eaglepipe.prompts.records import read_prompt_set
+from eaglepipe.responses import ResponseRecord, read_responses
 from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from eaglepipe.openrouter.records import ResponseRecord
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 from eaglepipe.target.tokenizer import load_target_tokenizer
 from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
 from eaglepipe.tokens.reply import parse_reply

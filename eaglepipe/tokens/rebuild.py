@@ -14,8 +14,8 @@ from functools import cached_property
 from typing import Any
 
 from eaglepipe.errors import EaglepipeError
-from eaglepipe.openrouter.records import ResponseRecord
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_tools import ToolFormat

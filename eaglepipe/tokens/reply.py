@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from eaglepipe.errors import EaglepipeError
-from eaglepipe.openrouter.records import ResponseRecord
+from eaglepipe.responses import ResponseRecord
 
 
 class ReplyError(EaglepipeError, ValueError):

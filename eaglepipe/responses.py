@@ -1,6 +1,8 @@
 """The response record: one line of `results/{ds}/responses.jsonl` and of the generation journal
 (`.journal/records.jsonl`), in the format docs/formats.md describes, whatever the set's source (bought,
 the team's engine, an import file). Its writer, and the one reader every later stage reads it through.
+It sits below the stages (tests/test_layers.py): generation and the answer sources write it, the token
+stage, which generation's usability probe runs, reads it.
 
 Every writer (the generation client, the answers rebuilt from `/generation/content`, the import) writes
 each required key; `source` is absent from records written before sources existed (and from rebuilt
