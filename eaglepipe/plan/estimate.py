@@ -25,7 +25,7 @@ from eaglepipe.prompts.records import PromptRecord, read_prompt_set
 from eaglepipe.prompts.size import prompt_json_bytes
 from eaglepipe.responses import read_responses
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError, published_config_dir
-from eaglepipe.tokens.token_file import token_file_counts
+from eaglepipe.tokens.token_file import read_token_stats, token_file_counts
 
 if TYPE_CHECKING:
     from eaglepipe.target.chat_format import ChatFormat
@@ -134,10 +134,10 @@ def training_yield(layout: RunLayout, datasets: list[str]) -> tuple[float | None
     for ds in datasets:
         path = layout.token_stats(ds)
         try:
-            measured = json.loads(path.read_text()).get("yield") or {} if path.is_file() else {}
-        except (OSError, ValueError, AttributeError):  # a file being written, or not tokens.json at all
-            measured = {}
-        if measured.get("bought_tokens"):
+            measured = read_token_stats(path).get("yield") if path.is_file() else None
+        except (OSError, ValueError):  # a file being written, or not tokens.json at all
+            measured = None
+        if measured and measured.get("bought_tokens"):
             bought += measured["bought_tokens"]
             trained += measured["trained_tokens"]
             sets += 1
