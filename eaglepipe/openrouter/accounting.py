@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from eaglepipe.openrouter.budget import Forecast
 from eaglepipe.openrouter.console import ProviderStats
 from eaglepipe.openrouter.errors import OpenRouterError
+from eaglepipe.openrouter.journal import FailureRecord
 from eaglepipe.openrouter.ledger import RunLedger
 from eaglepipe.openrouter.replies import RequestFailed
 from eaglepipe.openrouter.taxonomy import Observed
@@ -45,7 +46,7 @@ class Tally:
         self,
         prompts: list[PromptRecord],
         reusable: dict[str, ResponseRecord],
-        failed: dict[str, dict[str, Any]],
+        failed: dict[str, FailureRecord],
     ) -> list[PromptRecord]:
         """Counts the prompts answered already (`reusable`, by prompt id) and those an earlier run recorded
         as failed for good (`failed`); returns the rest, to send."""

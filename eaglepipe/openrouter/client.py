@@ -41,7 +41,14 @@ from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
 from eaglepipe.openrouter.budget import REFIT_EVERY_S
 from eaglepipe.openrouter.console import ProgressLine, provider_table
 from eaglepipe.openrouter.errors import one_line
-from eaglepipe.openrouter.journal import failed_for_good, open_failures, open_journal, read_records, reusable
+from eaglepipe.openrouter.journal import (
+    FailureRecord,
+    failed_for_good,
+    open_failures,
+    open_journal,
+    read_records,
+    reusable,
+)
 from eaglepipe.openrouter.ledger import Heartbeat, RunLedger
 from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
@@ -264,7 +271,7 @@ class _Run:
         self,
         prompts: list[PromptRecord],
         reusable: dict[str, ResponseRecord],
-        failed: dict[str, dict[str, Any]],
+        failed: dict[str, FailureRecord],
     ) -> list[PromptRecord]:
         todo = self.tally.resume(prompts, reusable, failed)
         self.todo_at_start = len(todo)
@@ -692,15 +699,14 @@ async def _complete_prompt(prompt: PromptRecord, route: ChatRoute, journal: Appe
         if shape.verdict == "prompt_permanent" or (shape.attempts and failed_attempts >= shape.attempts):
             run.tally.count_failure(prompt["id"], failure, attempt, permanent=True)
             assert run.failed_log is not None
-            await run.failed_log.append(  # durable: a rerun skips it unless generation.retry_failed
-                {
-                    "prompt_id": prompt["id"],
-                    "fingerprint": settings.fingerprint,
-                    "class": failure.error_class,
-                    "status": failure.status,
-                    "error": failure.detail,
-                }
-            )
+            for_good: FailureRecord = {
+                "prompt_id": prompt["id"],
+                "fingerprint": settings.fingerprint,
+                "class": failure.error_class,
+                "status": failure.status,
+                "error": failure.detail,
+            }
+            await run.failed_log.append(for_good)  # durable: a rerun skips it unless generation.retry_failed
             return
         if failed_attempts >= settings.max_attempts or throttled >= MAX_THROTTLED_RETRIES:
             run.tally.count_failure(prompt["id"], failure, attempt, permanent=False)

@@ -366,7 +366,7 @@ def _source_size(source: dict[str, Any]) -> int | None:
 
 
 def per_answer_estimate(
-    records: Iterable[dict[str, Any]], configured: int, max_tokens: int
+    records: Iterable[Mapping[str, Any]], configured: int, max_tokens: int
 ) -> tuple[int, str]:
     """(completion tokens per answer, where from): the journal's mean once it is a fair sample (as the
     client's own estimate), else the configured guess; never above max_tokens."""
