@@ -14,12 +14,13 @@ the most bytes, `first` the first splittable token.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.prompts.records import read_prompt_set
+from eaglepipe.responses import read_responses
 from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.tokens.methods import Method
@@ -82,10 +83,10 @@ def main() -> None:
     }
     ids_of = {b: i for i, b in sorted(token_bytes.items(), reverse=True)}
     specials = set(chat.special_ids)
-    prompts = {p["id"]: p for p in map(json.loads, prompts_path.read_text().splitlines())}
+    prompts = {p["id"]: p for p in read_prompt_set(prompts_path)}
     tally: Counter[str] = Counter()
     for path in responses:
-        records = [json.loads(line) for line in path.read_text().splitlines()]
+        records = read_responses(path)
         text_only = [
             {**r, "response": {k: v for k, v in r["response"].items() if k != "token_ids"}} for r in records
         ]

@@ -30,11 +30,6 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n"))
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 def file_sha256(path: Path) -> str:
     """Streamed, so hashing a multi-GB shard never holds it in memory."""
     digest = hashlib.sha256()

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from eaglepipe.errors import EaglepipeError
-from eaglepipe.io import atomic_write, write_json
+from eaglepipe.io import write_json
 from eaglepipe.prompts.ids import prompt_id
 from eaglepipe.prompts.records import PromptRecord, read_prompt_set
 from eaglepipe.prompts.validate import PromptError, validate_record
+from eaglepipe.responses import ResponseBody, ResponseRecord, ResponseUsage, write_responses
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,8 @@ class ImportedAnswer:
     """One line's answer: the parts of its `responses.jsonl` record that do not depend on the file's hash."""
 
     model: str | None
-    response: dict[str, Any]
-    usage: dict[str, Any]
+    response: ResponseBody
+    usage: ResponseUsage
     # OpenRouter's `reasoning` object the answer was made with, when the line says (`{"enabled": false}`:
     # thinking off); without it the token stage reads the target's default (Kimi-K2.5 thinks).
     reasoning: dict[str, Any] | None = None
@@ -79,7 +80,8 @@ def import_answers(
             f"lines match none of its {len(prompts)} prompts by id or content); point "
             f"answers.sets.{dataset}.path at this set's answers"
         )
-    records, completion_tokens, uncounted = [], 0, 0
+    records: list[ResponseRecord] = []
+    completion_tokens = uncounted = 0
     for prompt in prompts:
         answer = reading.answers.get(prompt["id"])
         if answer is None:
@@ -118,8 +120,7 @@ def import_answers(
     }
     _warn(dataset, answers_path, summary, missing, reading.unmatched_lines)
     write_json(summary_path, summary)
-    lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-    atomic_write(responses_path, lambda tmp: tmp.write_text(lines, encoding="utf-8"))
+    write_responses(records, responses_path)
     log.info(
         "%s: %d of %d prompts answered from %s, %d completion tokens (%d answers uncounted), ended by %s",
         responses_path, len(records), len(prompts), answers_path, completion_tokens, uncounted, ended_because,
@@ -210,15 +211,16 @@ def _answer(line: dict[str, Any], where: str) -> ImportedAnswer:
     finish_reason = line.get("finish_reason") or "stop"
     if not isinstance(finish_reason, str):
         raise AnswerImportError(f'{where}: `finish_reason` must be a string ("stop", "length", ...); {FIX}')
-    response: dict[str, Any] = {
+    response: ResponseBody = {
         "content": content or "",
         "reasoning": reasoning,
         "tool_calls": tool_calls,
         "finish_reason": finish_reason,
     }
-    for key in ("token_ids", "prompt_token_ids"):
-        if line.get(key) is not None:
-            response[key] = _token_ids(line[key], key, where)
+    if line.get("token_ids") is not None:
+        response["token_ids"] = _token_ids(line["token_ids"], "token_ids", where)
+    if line.get("prompt_token_ids") is not None:
+        response["prompt_token_ids"] = _token_ids(line["prompt_token_ids"], "prompt_token_ids", where)
     usage = line.get("usage")
     if usage is not None and not isinstance(usage, dict):
         raise AnswerImportError(f"{where}: `usage` must be an object of token counts; {FIX}")
@@ -294,7 +296,7 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _record(prompt: str, answer: ImportedAnswer, fingerprint: str, target_name: str) -> dict[str, Any]:
+def _record(prompt: str, answer: ImportedAnswer, fingerprint: str, target_name: str) -> ResponseRecord:
     """The `responses.jsonl` record of docs/formats.md, marked `source: import`; nothing was requested, so
     `request` holds only the model that answered and, when the line says, the reasoning it was made with."""
     return {

@@ -10,13 +10,13 @@ import json
 from pathlib import Path
 
 from eaglepipe.drafter import DrafterError
-from eaglepipe.tokens.token_file import read_token_rows
+from eaglepipe.tokens.token_file import read_token_rows, read_token_stats
 
 
 def select_holdout(token_stats: list[Path], *, per_dataset: int, explicit: list[str]) -> list[str]:
     chosen: list[str] = []
     for path in token_stats:
-        chosen += json.loads(Path(path).read_text())["prompt_ids"][:per_dataset]
+        chosen += read_token_stats(Path(path))["prompt_ids"][:per_dataset]
     chosen += [pid for pid in explicit if pid not in chosen]
     if not chosen:
         raise DrafterError(

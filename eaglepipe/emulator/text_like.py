@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from eaglepipe.responses import ResponseBody
 from eaglepipe.target.tokenizer import TargetTokenizer, TokenizerError
 
 Whitespace = Literal["keep", "pad", "strip", "rstrip"]
@@ -107,9 +108,9 @@ class EngineReply:
     token_ids: list[int] | None
     logprobs: dict[str, Any] | None
 
-    def response(self) -> dict[str, Any]:
+    def response(self) -> ResponseBody:
         """The `response` of a responses.jsonl record."""
-        body: dict[str, Any] = {
+        body: ResponseBody = {
             "content": self.content,
             "reasoning": self.reasoning,
             "tool_calls": self.tool_calls,

@@ -7,12 +7,15 @@ the end-of-run table can show a partial run; the figures rule declares every fil
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eaglepipe.hidden.storage import bytes_per_token
 from eaglepipe.openrouter.ledger import ledger_path
+from eaglepipe.responses import iter_responses
+from eaglepipe.tokens.token_file import TokenStats, read_token_stats
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,13 @@ class SetOutputs:
     name: str
     answers: list[Answer] | None = None  # from responses.jsonl, one per answer
     summary: dict[str, Any] | None = None  # responses.summary.json
-    tokens: dict[str, Any] | None = None  # tokens.json
+    tokens: TokenStats | None = None  # tokens.json
     hidden: dict[str, Any] | None = None  # hidden.done
+
+    @property
+    def token_stats(self) -> Mapping[str, Any]:
+        """`tokens`, or nothing before the token stage; read with `.get`: only `prompt_ids` is checked."""
+        return self.tokens or {}
 
 
 @dataclass
@@ -46,21 +54,22 @@ def read_json(path: Path | None) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path is not None and path.is_file() else None
 
 
+def _read_stats(path: Path | None) -> TokenStats | None:
+    return read_token_stats(path) if path is not None and path.is_file() else None
+
+
 def read_answers(path: Path | None) -> list[Answer] | None:
     """Each response's completion tokens (billed, or the imported answer's count) and finish reason, read one
     line at a time."""
     if path is None or not path.is_file():
         return None
-    answers = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                record = json.loads(line)
-                answers.append(Answer(
-                    completion_tokens=(record.get("usage") or {}).get("completion_tokens"),
-                    finish_reason=(record.get("response") or {}).get("finish_reason") or "none",
-                ))
-    return answers
+    return [
+        Answer(
+            completion_tokens=(record.get("usage") or {}).get("completion_tokens"),
+            finish_reason=(record.get("response") or {}).get("finish_reason") or "none",
+        )
+        for record in iter_responses(path)
+    ]
 
 
 def read_billed(ledger_dir: Path) -> list[dict[str, Any]]:
@@ -100,7 +109,7 @@ def load_run(
             name=name,
             answers=read_answers(nth(responses, i)),
             summary=read_json(nth(summaries, i)),
-            tokens=read_json(nth(token_stats, i)),
+            tokens=_read_stats(nth(token_stats, i)),
             hidden=read_json(nth(manifests, i)),
         )
         for i, name in enumerate(datasets)

@@ -126,13 +126,13 @@ def spend_over_time(run: RunOutputs, budget_usd: float) -> Figure:
 def token_id_methods(run: RunOutputs) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(run.sets) + 2))
     names = [item.name for item in run.sets]
-    shares = {item.name: (item.tokens or {}).get("shares", {}) for item in run.sets}
+    shares = {item.name: item.token_stats.get("shares", {}) for item in run.sets}
     left = [0.0] * len(names)
     for key, label in ID_SHARES.items():
         widths = [100 * (shares[name].get(key) or 0.0) for name in names]
         ax.barh(names, widths, left=left, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
-    flagged = [sum(((item.tokens or {}).get("counts", {}).get("flags") or {}).values()) for item in run.sets]
+    flagged = [sum((item.token_stats.get("counts", {}).get("flags") or {}).values()) for item in run.sets]
     for y, count in enumerate(flagged):
         ax.text(101, y, f"{count} flags", va="center", fontsize=8)
     ax.set_xlim(0, 115)
@@ -148,7 +148,7 @@ def training_yield(run: RunOutputs) -> Figure:
     included), what its kept answers cost, and what of them the token stage trained on; beside it, per set,
     the output tokens bought and trained on, the rest named by cause."""
     fig, (money, tokens) = plt.subplots(1, 2, figsize=(11, 0.5 * len(run.sets) + 2.6))
-    yields = {item.name: (item.tokens or {}).get("yield") or {} for item in run.sets}
+    yields = {item.name: item.token_stats.get("yield") or {} for item in run.sets}
     billed = sum(line.get("usd") or 0.0 for line in run.ledger)
     kept = sum(y.get("bought_usd") or 0.0 for y in yields.values())
     trained = sum(y.get("trained_usd") or 0.0 for y in yields.values())
@@ -189,7 +189,7 @@ def training_yield(run: RunOutputs) -> Figure:
 def billed_difference(run: RunOutputs) -> Figure:
     fig, axes = _grid(len(run.sets))
     for ax, item in zip(axes, run.sets, strict=False):
-        histogram = ((item.tokens or {}).get("billed") or {}).get("rebuilt_minus_billed_histogram") or {}
+        histogram = (item.token_stats.get("billed") or {}).get("rebuilt_minus_billed_histogram") or {}
         ax.set_title(item.name, fontsize=10)
         if not histogram:
             _empty(ax, "no billed counts")

@@ -25,7 +25,7 @@ def _share(value: float | None) -> str:
 
 
 def _set_row(item: Any) -> list[str]:
-    summary, tokens, hidden = item.summary or {}, item.tokens or {}, item.hidden or {}
+    summary, tokens, hidden = item.summary or {}, item.token_stats, item.hidden or {}
     shares = tokens.get("shares", {})
     return [
         item.name,
@@ -54,7 +54,7 @@ def _output_tokens(summary: dict[str, Any]) -> str:
 def _total_row(sets: list[Any]) -> list[str]:
     """The run's totals: answers, output tokens and dollars summed, the share trained on over all sets."""
     summaries = [item.summary for item in sets if item.summary]
-    yields = [(item.tokens or {}).get("yield") or {} for item in sets]
+    yields = [item.token_stats.get("yield") or {} for item in sets]
     bought = sum(y.get("bought_tokens") or 0 for y in yields)
     trained = sum(y.get("trained_tokens") or 0 for y in yields)
     hidden = [item for item in sets if (item.hidden or {}).get("num_tokens") is not None]
@@ -75,7 +75,7 @@ def _dropped_line(sets: list[Any]) -> str | None:
     """Where the bought output tokens that were not trained on went, by cause, with their dollars."""
     causes: dict[str, list[float]] = {}
     for item in sets:
-        for cause, figures in (((item.tokens or {}).get("yield") or {}).get("dropped") or {}).items():
+        for cause, figures in ((item.token_stats.get("yield") or {}).get("dropped") or {}).items():
             total = causes.setdefault(cause, [0, 0.0])
             total[0] += figures["tokens"]
             total[1] += figures["usd"]

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from eaglepipe.openrouter.budget import Forecast
 from eaglepipe.openrouter.console import ProviderStats
 from eaglepipe.openrouter.errors import OpenRouterError
+from eaglepipe.openrouter.journal import FailureRecord
 from eaglepipe.openrouter.ledger import RunLedger
 from eaglepipe.openrouter.replies import RequestFailed
 from eaglepipe.openrouter.taxonomy import Observed
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 
 if TYPE_CHECKING:
     from eaglepipe.openrouter.client import GenerationSummary
@@ -42,8 +45,8 @@ class Tally:
     def resume(
         self,
         prompts: list[PromptRecord],
-        reusable: dict[str, dict[str, Any]],
-        failed: dict[str, dict[str, Any]],
+        reusable: dict[str, ResponseRecord],
+        failed: dict[str, FailureRecord],
     ) -> list[PromptRecord]:
         """Counts the prompts answered already (`reusable`, by prompt id) and those an earlier run recorded
         as failed for good (`failed`); returns the rest, to send."""
@@ -73,7 +76,7 @@ class Tally:
                 todo.append(prompt)
         return todo
 
-    def count_done(self, record: dict[str, Any], *, resumed: bool) -> None:
+    def count_done(self, record: ResponseRecord, *, resumed: bool) -> None:
         usage = record.get("usage") or {}
         # Unknown usage (a server that reports none) counts as max_tokens: the budget stays an upper bound.
         tokens = usage.get("completion_tokens")
@@ -92,7 +95,7 @@ class Tally:
             self.dollars_this_run += cost
             self.provider(record.get("provider")).add_response(record)
 
-    def count_recovered(self, record: dict[str, Any]) -> None:
+    def count_recovered(self, record: ResponseRecord) -> None:
         """An answer journaled from `/generation/content` at the end: its prompt's failures are undone."""
         prompt_id = record["prompt_id"]
         for failure in [failure for failure in self.summary.failures if failure["prompt_id"] == prompt_id]:
@@ -145,7 +148,7 @@ class Tally:
 async def bill(
     ledger: RunLedger,
     prompt_id: str,
-    reply: dict[str, Any],
+    reply: Mapping[str, Any],
     *,
     outcome: str,
     journaled: bool = False,

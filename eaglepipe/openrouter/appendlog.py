@@ -18,6 +18,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -104,11 +105,11 @@ class AppendLog:
             await anyio.to_thread.run_sync(self._writer.join)
         self._file.close()
 
-    async def append(self, record: dict[str, Any]) -> None:
+    async def append(self, record: Mapping[str, Any]) -> None:
         """Returns once the record is on disk: only then may what it records count as done."""
         await self._written(_line(record))
 
-    def append_behind(self, record: dict[str, Any]) -> None:
+    def append_behind(self, record: Mapping[str, Any]) -> None:
         """Written in order after what was handed over before, without waiting, and fsynced with the next
         `append` (or the close): for a line whose content is already durable elsewhere (a kept answer's
         bill, which the next start rebuilds from the journal), so a kill loses nothing."""
@@ -182,7 +183,7 @@ class AppendLog:
             os.truncate(self.path, len(complete))
 
 
-def _line(record: dict[str, Any]) -> bytes:
+def _line(record: Mapping[str, Any]) -> bytes:
     return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 

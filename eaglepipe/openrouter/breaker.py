@@ -21,12 +21,13 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
 from eaglepipe.openrouter.taxonomy import Observed
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 
 if TYPE_CHECKING:
     from eaglepipe.openrouter.replies import RequestFailed
@@ -121,7 +122,7 @@ class ProviderHealth:
         *,
         dataset: str,
         allowed_providers: tuple[str, ...],
-        probe: Callable[[PromptRecord, dict[str, Any]], str | None] | None,
+        probe: Callable[[PromptRecord, ResponseRecord], str | None] | None,
         probe_answers: int,
         stop: Callable[[str, str], None],
     ) -> None:
@@ -187,7 +188,7 @@ class ProviderHealth:
                 "(`.venv/bin/snakemake --forcerun providers`), then rerun",
             )
 
-    async def check_usable(self, prompt: PromptRecord, record: dict[str, Any]) -> None:
+    async def check_usable(self, prompt: PromptRecord, record: ResponseRecord) -> None:
         """The usability probe: a provider's first answers go through the token stage's structural check."""
         provider = str(record.get("provider") or "(unnamed)")
         self.breaker.answered(provider)

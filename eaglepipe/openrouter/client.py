@@ -41,7 +41,14 @@ from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
 from eaglepipe.openrouter.budget import REFIT_EVERY_S
 from eaglepipe.openrouter.console import ProgressLine, provider_table
 from eaglepipe.openrouter.errors import one_line
-from eaglepipe.openrouter.journal import failed_for_good, open_failures, open_journal, read_records, reusable
+from eaglepipe.openrouter.journal import (
+    FailureRecord,
+    failed_for_good,
+    open_failures,
+    open_journal,
+    read_records,
+    reusable,
+)
 from eaglepipe.openrouter.ledger import Heartbeat, RunLedger
 from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
@@ -50,6 +57,7 @@ from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.openrouter.taxonomy import Observed
 from eaglepipe.progress import eta_seconds, format_eta
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +78,7 @@ THROTTLE_MAX_WAIT_S = 900.0
 
 
 class UsabilityProbe(Protocol):
-    def __call__(self, prompt: PromptRecord, record: dict[str, Any]) -> str | None:
+    def __call__(self, prompt: PromptRecord, record: ResponseRecord) -> str | None:
         """Why the journaled answer `record` to `prompt` cannot be trained on, or None."""
         ...
 
@@ -262,19 +270,19 @@ class _Run:
     def resume(
         self,
         prompts: list[PromptRecord],
-        reusable: dict[str, dict[str, Any]],
-        failed: dict[str, dict[str, Any]],
+        reusable: dict[str, ResponseRecord],
+        failed: dict[str, FailureRecord],
     ) -> list[PromptRecord]:
         todo = self.tally.resume(prompts, reusable, failed)
         self.todo_at_start = len(todo)
         self.notify()
         return todo
 
-    def count_done(self, record: dict[str, Any], *, resumed: bool) -> None:
+    def count_done(self, record: ResponseRecord, *, resumed: bool) -> None:
         self.tally.count_done(record, resumed=resumed)
         self.notify()
 
-    def count_recovered(self, record: dict[str, Any]) -> None:
+    def count_recovered(self, record: ResponseRecord) -> None:
         self.tally.count_recovered(record)
         self.notify()
 
@@ -439,7 +447,7 @@ def _http_pools(settings: GenerationSettings, api_key: ApiKey | None) -> list[Ch
     return routes
 
 
-async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def _settle_earlier_runs(run: _Run, journaled: list[ResponseRecord]) -> list[ResponseRecord]:
     """Before spending: charge journaled answers a killed job never entered in the ledger, and look up
     requests it left in flight or cut off; returns the answers journaled from `/generation/content`."""
     assert run.ledger is not None
@@ -454,7 +462,7 @@ async def _settle_earlier_runs(run: _Run, journaled: list[dict[str, Any]]) -> li
     return []
 
 
-async def _recover(run: _Run, *, at_end: bool) -> list[dict[str, Any]]:
+async def _recover(run: _Run, *, at_end: bool) -> list[ResponseRecord]:
     """Charge requests of this set that were cut off, in flight at a kill or answered without a cost,
     per `/generation`. At the start only what `/generation` knows already; at the end, waiting up to
     `recovery_wait_s` (OpenRouter answers 404 for a while after a generation ends, minutes for long
@@ -505,7 +513,7 @@ async def _recover(run: _Run, *, at_end: bool) -> list[dict[str, Any]]:
 
 async def _stored_answers(
     run: _Run, pending: list[dict[str, Any]], found: dict[str, dict[str, Any]]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ResponseRecord]:
     """{generation id: journal record} for found requests whose prompt (of this set, asked under this
     fingerprint) has no answer yet and whose stored content is the whole answer; one per prompt, the first
     of its cut attempts that qualifies."""
@@ -527,7 +535,7 @@ async def _stored_answers(
         run.http, [record["generation_id"] for attempts in candidates.values() for record in attempts]
     )
     allowed = frozenset(name.lower() for name in settings.allowed_providers)
-    rebuilt: dict[str, dict[str, Any]] = {}
+    rebuilt: dict[str, ResponseRecord] = {}
     for prompt_id, attempts in candidates.items():
         for record in attempts:
             generation_id = record["generation_id"]
@@ -649,12 +657,13 @@ async def _complete_prompt(prompt: PromptRecord, route: ChatRoute, journal: Appe
         else:
             if not settings.paid:
                 reply["usage"] = {**(reply.get("usage") or {}), "cost": 0.0}
-            record = {
+            record: ResponseRecord = {
                 "prompt_id": prompt["id"],
                 "source": settings.source,
                 "fingerprint": settings.fingerprint,
                 "request": request,
                 **reply,
+                "generation_id": reply.get("generation_id"),
                 "provider": reply.get("provider") or settings.server_name,
                 "latency_s": round(time.monotonic() - began, 3),
                 "attempts": attempt,
@@ -690,15 +699,14 @@ async def _complete_prompt(prompt: PromptRecord, route: ChatRoute, journal: Appe
         if shape.verdict == "prompt_permanent" or (shape.attempts and failed_attempts >= shape.attempts):
             run.tally.count_failure(prompt["id"], failure, attempt, permanent=True)
             assert run.failed_log is not None
-            await run.failed_log.append(  # durable: a rerun skips it unless generation.retry_failed
-                {
-                    "prompt_id": prompt["id"],
-                    "fingerprint": settings.fingerprint,
-                    "class": failure.error_class,
-                    "status": failure.status,
-                    "error": failure.detail,
-                }
-            )
+            for_good: FailureRecord = {
+                "prompt_id": prompt["id"],
+                "fingerprint": settings.fingerprint,
+                "class": failure.error_class,
+                "status": failure.status,
+                "error": failure.detail,
+            }
+            await run.failed_log.append(for_good)  # durable: a rerun skips it unless generation.retry_failed
             return
         if failed_attempts >= settings.max_attempts or throttled >= MAX_THROTTLED_RETRIES:
             run.tally.count_failure(prompt["id"], failure, attempt, permanent=False)

@@ -6,6 +6,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
+from eaglepipe.responses import ResponseRecord
+
 
 @dataclass
 class ProviderStats:
@@ -18,12 +20,12 @@ class ProviderStats:
     truncated: int = 0
     empty: int = 0
 
-    def add_response(self, record: dict[str, Any]) -> None:
+    def add_response(self, record: ResponseRecord) -> None:
         usage, response = record.get("usage") or {}, record["response"]
         self.requests += 1
         self.completion_tokens += usage.get("completion_tokens") or 0
-        if record.get("latency_s") is not None:
-            self.seconds += record["latency_s"]
+        if (latency_s := record.get("latency_s")) is not None:
+            self.seconds += latency_s
             self.timed_tokens += usage.get("completion_tokens") or 0
         self.usd += usage.get("cost") or 0.0
         self.truncated += response.get("finish_reason") == "length"

@@ -11,11 +11,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 from eaglepipe.io import atomic_write
 from eaglepipe.openrouter.appendlog import AppendLog, read_lines, read_new_lines
+from eaglepipe.openrouter.errors import OpenRouterError
+from eaglepipe.responses import ResponseRecord, record_problem
 
 RECORDS_FILE = "records.jsonl"
 FAILED_FILE = "failed.jsonl"
@@ -23,18 +26,45 @@ FAILED_FILE = "failed.jsonl"
 TALLY_FILE = "tally.json"
 TALLY_VERSION = 1
 
+Keyed = TypeVar("Keyed", bound=Mapping[str, Any])
 
-def read_records(journal_dir: Path) -> list[dict[str, Any]]:
-    """All complete records in write order; a torn last line is skipped, not an error."""
-    return read_lines(Path(journal_dir) / RECORDS_FILE)
+# A line of `failed.jsonl` (`class` is a keyword, hence the functional form): the failure taxonomy's class,
+# the HTTP status where there was one.
+FailureRecord = TypedDict(
+    "FailureRecord", {"prompt_id": str, "fingerprint": str, "class": str, "status": int | None, "error": str}
+)
 
 
-def load_done(journal_dir: Path, fingerprint: str) -> dict[str, dict[str, Any]]:
+class DoneUsage(TypedDict):
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+class DoneTally(TypedDict):
+    """What `tally_done` keeps of an answer: its usage's two counts."""
+
+    usage: DoneUsage
+
+
+def read_records(journal_dir: Path) -> list[ResponseRecord]:
+    """All complete records in write order; a torn last line is skipped, not an error. Each is checked as
+    responses.jsonl's are (`responses.record_problem`): the journal's lines become that file's."""
+    path = Path(journal_dir) / RECORDS_FILE
+    records = read_lines(path)
+    for number, record in enumerate(records, start=1):
+        problem = record_problem(record)
+        if problem is not None:
+            raise OpenRouterError(f"{path} line {number} {problem}: fix or delete that line, then rerun")
+    return records  # type: ignore[return-value]  # checked above, line by line
+
+
+def load_done(journal_dir: Path, fingerprint: str) -> dict[str, ResponseRecord]:
     """Responses that may be reused: only the current fingerprint's, keyed by prompt id."""
     return reusable(read_records(journal_dir), fingerprint)
 
 
-def reusable(records: list[dict[str, Any]], fingerprint: str) -> dict[str, dict[str, Any]]:
+def reusable(records: list[Keyed], fingerprint: str) -> dict[str, Keyed]:
+    """Journal records (answers or permanent failures) of `fingerprint`, by prompt id."""
     return {record["prompt_id"]: record for record in records if record.get("fingerprint") == fingerprint}
 
 
@@ -48,12 +78,18 @@ def open_failures(journal_dir: Path) -> AppendLog:
     return AppendLog(Path(journal_dir) / FAILED_FILE)
 
 
-def failed_for_good(journal_dir: Path, fingerprint: str) -> dict[str, dict[str, Any]]:
+def failed_for_good(journal_dir: Path, fingerprint: str) -> dict[str, FailureRecord]:
     """The prompts earlier runs recorded as failed for good under `fingerprint`, by prompt id."""
-    return reusable(read_lines(Path(journal_dir) / FAILED_FILE), fingerprint)
+    path = Path(journal_dir) / FAILED_FILE
+    failures = read_lines(path)
+    for number, failure in enumerate(failures, start=1):
+        if not isinstance(failure, dict) or not isinstance(failure.get("prompt_id"), str):
+            raise OpenRouterError(f"{path} line {number} has no string `prompt_id`: fix or delete that line")
+    checked: list[FailureRecord] = failures  # type: ignore[assignment]  # checked above, line by line
+    return reusable(checked, fingerprint)
 
 
-def tally_done(journal_dir: Path, fingerprint: str) -> dict[str, dict[str, Any]]:
+def tally_done(journal_dir: Path, fingerprint: str) -> dict[str, DoneTally]:
     """Like `load_done`, but each record cut down to its usage (`{"usage": {prompt_tokens,
     completion_tokens}}`): all the spend plan needs. A Kimi-length journal holds hundreds of MB that every
     dry run would otherwise parse, so the usages are kept in `tally.json` beside it with the byte offset

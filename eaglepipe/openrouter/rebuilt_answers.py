@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ReplyFields
 
 
 def rebuilt_answer(
@@ -23,7 +24,7 @@ def rebuilt_answer(
     generation: dict[str, Any],
     content: dict[str, Any],
     allowed_providers: frozenset[str],
-) -> tuple[dict[str, Any] | None, str]:
+) -> tuple[ReplyFields | None, str]:
     """(the journal record's answer fields, "") when the stored text is the whole answer, else (None, why)."""
     stored = content.get("output")
     output = stored if isinstance(stored, dict) else {}
@@ -39,7 +40,7 @@ def rebuilt_answer(
         return None, "the stored content holds an error or no completion"
     if generation.get("reasoning_tokens") and not reasoning:
         return None, "reasoning tokens were billed but no reasoning text is stored"
-    answer = {
+    answer: ReplyFields = {
         "response": {
             "content": completion,
             "reasoning": reasoning if isinstance(reasoning, str) and reasoning else None,

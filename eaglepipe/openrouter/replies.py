@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -21,6 +21,7 @@ from eaglepipe.openrouter.answer_transport import ChatRoute, body_arrived
 from eaglepipe.openrouter.errors import error_detail, one_line
 from eaglepipe.openrouter.ratelimit import Wait, throttle_wait
 from eaglepipe.openrouter.taxonomy import TYPED_STATUS, Finish, Observed, Shape, classify, judge_finish
+from eaglepipe.responses import ReplyFields, ResponseBody
 
 
 class RequestFailed(Exception):
@@ -90,7 +91,7 @@ async def read_reply(
     http: httpx.AsyncClient | ChatRoute,
     body: dict[str, Any],
     on_started: Callable[[str], Awaitable[None]] | None = None,
-) -> dict[str, Any]:
+) -> ReplyFields:
     """A non-streamed answer, read through httpx's streaming API so that the `X-Generation-Id` header,
     which OpenRouter sends on every answer, is journaled (`on_started`) as soon as the headers arrive:
     a server that sends them before the body (with keep-alive whitespace) lets a cut-off or killed
@@ -165,7 +166,7 @@ async def read_streamed_reply(
     http: httpx.AsyncClient | ChatRoute,
     body: dict[str, Any],
     on_started: Callable[[str], Awaitable[None]] | None = None,
-) -> dict[str, Any]:
+) -> ReplyFields:
     """`on_started(generation_id)` is awaited as soon as the id is known (header or first chunk), so a
     request cut off later can still be looked up and charged. The body is asked uncompressed, so that
     `answer_transport`'s wake-up hints (`"error"`, `[DONE]`) can be found in its bytes; with that
@@ -471,7 +472,7 @@ def _record_fields(
     usage: dict[str, Any] | None,
     response: httpx.Response,
     body: dict[str, Any],
-) -> dict[str, Any]:
+) -> ReplyFields:
     """The journal's fields of a reply judged complete (`taxonomy.judge_finish`); else the failure."""
     usage = usage or {}
     generation_id = generation_id or response.headers.get("x-generation-id")
@@ -490,8 +491,10 @@ def _record_fields(
             raise context.failed("HTTP 200 with no choices", Observed.EMPTY_CHOICES)
         raise context.failed(_NO_ANSWER[finish], finish)
     details = usage.get("completion_tokens_details") or {}
+    # `answer` holds the text, tool calls and whichever ids, logprobs and details the server sent.
+    answered = cast(ResponseBody, {**answer, "finish_reason": finish.reason, **finish.evidence()})
     return {
-        "response": {**answer, "finish_reason": finish.reason, **finish.evidence()},
+        "response": answered,
         "provider": provider,
         "generation_id": generation_id,
         "usage": {

@@ -4,14 +4,13 @@ saying how far it got. The journal is always saved first, so a failed job loses 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from eaglepipe.io import atomic_write, write_json
+from eaglepipe.io import write_json
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, UsabilityProbe, generate_set
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
@@ -19,6 +18,7 @@ from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.processes import JobStopped
 from eaglepipe.prompts.records import read_prompt_set
+from eaglepipe.responses import write_responses
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ def generate_responses(
             f"ended by {summary.ended_because} ({summary.message}): {advice}"
         )
     records = load_done(journal_dir, settings.fingerprint)
-    lines = [json.dumps(records[p["id"]], ensure_ascii=False) + "\n" for p in prompts if p["id"] in records]
-    atomic_write(out_path, lambda tmp: tmp.write_text("".join(lines), encoding="utf-8"))
+    write_responses((records[p["id"]] for p in prompts if p["id"] in records), out_path)
     if summary.partial:
         log.warning(
             "%s: its share of budget.usd bought %d of %d prompts ($%.4f); complete for now, trained on as it "

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglepipe.config import answer_source, is_local_api, sets_answered_by
 from eaglepipe.hidden.storage import bytes_per_token, capped_tokens
-from eaglepipe.io import read_jsonl
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
 from eaglepipe.openrouter.dollars import buys_more_on_rerun, planned_budget
@@ -24,8 +23,9 @@ from eaglepipe.plan.hours import plan_hours
 from eaglepipe.plan.model import UNKNOWN, Prices, SetPlan, SpendPlan
 from eaglepipe.prompts.records import PromptRecord, read_prompt_set
 from eaglepipe.prompts.size import prompt_json_bytes
+from eaglepipe.responses import read_responses
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError, published_config_dir
-from eaglepipe.tokens.token_file import token_file_counts
+from eaglepipe.tokens.token_file import read_token_stats, token_file_counts
 
 if TYPE_CHECKING:
     from eaglepipe.target.chat_format import ChatFormat
@@ -131,10 +131,10 @@ def training_yield(layout: RunLayout, datasets: list[str]) -> tuple[float | None
     for ds in datasets:
         path = layout.token_stats(ds)
         try:
-            measured = json.loads(path.read_text()).get("yield") or {} if path.is_file() else {}
-        except (OSError, ValueError, AttributeError):  # a file being written, or not tokens.json at all
-            measured = {}
-        if measured.get("bought_tokens"):
+            measured = read_token_stats(path).get("yield") if path.is_file() else None
+        except (OSError, ValueError):  # a file being written, or not tokens.json at all
+            measured = None
+        if measured and measured.get("bought_tokens"):
             bought += measured["bought_tokens"]
             trained += measured["trained_tokens"]
             sets += 1
@@ -368,7 +368,7 @@ def _source_size(source: dict[str, Any]) -> int | None:
 
 
 def per_answer_estimate(
-    records: Iterable[dict[str, Any]], configured: int, max_tokens: int
+    records: Iterable[Mapping[str, Any]], configured: int, max_tokens: int
 ) -> tuple[int, str]:
     """(completion tokens per answer, where from): the journal's mean once it is a fair sample (as the
     client's own estimate), else the configured guess; never above max_tokens."""
@@ -378,13 +378,13 @@ def per_answer_estimate(
     return min(configured, max_tokens), "config"
 
 
-def _completion_tokens(record: dict[str, Any], max_tokens: int) -> int:
+def _completion_tokens(record: Mapping[str, Any], max_tokens: int) -> int:
     """Unknown usage counts as max_tokens, as the client counts it against the token budget."""
     tokens = (record.get("usage") or {}).get("completion_tokens")
     return max_tokens if tokens is None else int(tokens)
 
 
-def _record_tokens(record: dict[str, Any], max_tokens: int) -> int:
+def _record_tokens(record: Mapping[str, Any], max_tokens: int) -> int:
     return int((record.get("usage") or {}).get("prompt_tokens") or 0) + _completion_tokens(record, max_tokens)
 
 
@@ -394,7 +394,7 @@ def _generated_tokens(layout: RunLayout, ds: str, max_tokens: int) -> tuple[int,
     tokens_path = layout.tokens(ds)
     if tokens_path.is_file():
         return token_file_counts(tokens_path)
-    records = read_jsonl(layout.responses(ds))
+    records = read_responses(layout.responses(ds))
     return sum(_record_tokens(record, max_tokens) for record in records), len(records)
 
 

@@ -18,15 +18,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from eaglepipe.io import atomic_write, read_jsonl, write_json
 from eaglepipe.prompts.records import read_prompt_set
+from eaglepipe.responses import ResponseRecord, read_responses
 from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
 from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, RebuiltSample, TokensError, TokenSettings
 from eaglepipe.tokens.round_trip import MISSES_LISTED, round_trip
+from eaglepipe.tokens.token_file import DroppedYield, TokenBilled, TokenStats, TokenYield, write_token_file
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,11 @@ def build_tokens(
     tensors_path: Path,
     stats_path: Path,
     settings: TokenSettings,
-) -> dict[str, Any]:
+) -> TokenStats:
     """Write `tokens.safetensors` and `tokens.json` for one prompt set; returns the statistics."""
     chat = chat_format_for(load_target_tokenizer(target_dir))
     prompts = {p["id"]: p for p in read_prompt_set(prompts_path)}
-    records = list(read_jsonl(responses_path))
+    records = read_responses(responses_path)
     rebuilt = Rebuilder(chat, settings).rebuild(prompts, records, str(responses_path))
     text_only = None
     if any(s.server_completion is not None for s in rebuilt.samples):
@@ -58,11 +58,9 @@ def build_tokens(
         raise TokensError(
             f"{responses_path}: no sample survived validation ({dict(dropped)}); see this job's log"
         )
-    summary = summarize(chat, rebuilt, settings, len(prompts), text_only)
-    summary["yield"] = training_yield(rebuilt.samples, records, settings)
+    summary = summarize(chat, rebuilt, settings, len(prompts), records, text_only)
     tensors = sample_tensors(kept)
-    atomic_write(tensors_path, lambda tmp: save_file(tensors, str(tmp)))
-    write_json(stats_path, summary)
+    write_token_file(tensors_path, tensors, stats_path, summary)
     return summary
 
 
@@ -80,15 +78,15 @@ def keep_reason(sample: RebuiltSample, settings: TokenSettings) -> str | None:
 
 
 def training_yield(
-    samples: list[RebuiltSample], records: list[dict[str, Any]], settings: TokenSettings
-) -> dict[str, Any]:
+    samples: list[RebuiltSample], records: list[ResponseRecord], settings: TokenSettings
+) -> TokenYield:
     """`tokens.json` `yield`: of the output tokens (and dollars) bought for this set's answers, how many
     have exact ids and how many are trained on, and what the rest was dropped for. An answer's tokens are
     its bill (`usage.completion_tokens`; without one, its rebuilt length); dollars its `usage.cost`.
     `samples` are in `records`' order (one each)."""
     bought = exact = trained = 0
     usd = trained_usd = 0.0
-    dropped: dict[str, dict[str, float]] = {}
+    dropped: dict[str, DroppedYield] = {}
     for sample, record in zip(samples, records, strict=True):
         tokens = sample.billed_completion
         tokens = len(sample.completion_ids) if tokens is None else tokens
@@ -152,10 +150,12 @@ def summarize(
     rebuilt: Rebuilt,
     settings: TokenSettings,
     num_prompts: int,
+    records: list[ResponseRecord],
     text_only: Rebuilt | None = None,
-) -> dict[str, Any]:
-    """`tokens.json`: everything but `prompt_ids` counts all responses, before any drop; `text_only`, the
-    same records rebuilt without their server ids (the round-trip gate)."""
+) -> TokenStats:
+    """`tokens.json`: everything but `prompt_ids` counts all responses, before any drop; `records` are the
+    responses `rebuilt` was made from (for `yield`); `text_only`, the same records rebuilt without their
+    server ids (the round-trip gate)."""
     samples = rebuilt.samples
     kept = [s for s in samples if keep_reason(s, settings) is None]
     by_method = Counter(s.method.name.lower() for s in samples)
@@ -182,6 +182,7 @@ def summarize(
             name: {**profile.summary(), **rebuilt.evidence[name].summary()}
             for name, profile in sorted(rebuilt.profiles.items())
         },
+        "yield": training_yield(samples, records, settings),
     }
 
 
@@ -221,7 +222,7 @@ def _bill(sample: RebuiltSample) -> tuple[int, int]:
     return sample.billed_completion, sample.as_returned_diff
 
 
-def _billed(samples: list[RebuiltSample], total: int) -> dict[str, Any]:
+def _billed(samples: list[RebuiltSample], total: int) -> TokenBilled:
     """Over `samples`, the ones with a completion bill."""
     bills = [_bill(s) for s in samples]
     billed = sum(count for count, _ in bills)

@@ -17,9 +17,9 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.tokens.rebuild import Rebuilder, TokenSettings
@@ -37,7 +37,7 @@ PROBE_SETTINGS = TokenSettings(
 )
 
 
-def usability_probe(target_dir: Path) -> Callable[[PromptRecord, dict[str, Any]], str | None] | None:
+def usability_probe(target_dir: Path) -> Callable[[PromptRecord, ResponseRecord], str | None] | None:
     """`probe(prompt, record)`: why the journaled answer cannot be trained on, or None. None (and a warning)
     when the target's tokenizer is not at `target_dir`, e.g. on a login node without the weights."""
     try:
@@ -50,11 +50,11 @@ def usability_probe(target_dir: Path) -> Callable[[PromptRecord, dict[str, Any]]
     # thread-safe: run concurrently, sound answers came out as prompt_without_generation_prompt.
     one_at_a_time = threading.Lock()
 
-    def problem(prompt: PromptRecord, record: dict[str, Any]) -> str | None:
+    def problem(prompt: PromptRecord, record: ResponseRecord) -> str | None:
         with one_at_a_time:
             return _problem(prompt, record)
 
-    def _problem(prompt: PromptRecord, record: dict[str, Any]) -> str | None:
+    def _problem(prompt: PromptRecord, record: ResponseRecord) -> str | None:
         try:
             (sample,) = rebuilder.rebuild({prompt["id"]: prompt}, [record], "usability probe").samples
         except ValueError as err:  # a prompt the token stage cannot render is not the provider's fault

@@ -15,6 +15,7 @@ from typing import Any
 
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.prompts.records import PromptRecord
+from eaglepipe.responses import ResponseRecord
 from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_tools import ToolFormat
@@ -126,7 +127,7 @@ class Rebuilder:
         self.text_only = text_only
 
     def rebuild(
-        self, prompts: dict[str, PromptRecord], records: Iterable[dict[str, Any]], where: str
+        self, prompts: dict[str, PromptRecord], records: Iterable[ResponseRecord], where: str
     ) -> Rebuilt:
         pending = [self._first_pass(prompts, record, where) for record in records]
         evidence: dict[str, Evidence] = {}
@@ -217,7 +218,7 @@ class Rebuilder:
         flags = fitting.flags | Flag.WHITESPACE
         return replace(fitting, method=Method.REBUILT_AMBIGUOUS, flags=flags)
 
-    def _first_pass(self, prompts: dict[str, PromptRecord], record: dict[str, Any], where: str) -> _Pending:
+    def _first_pass(self, prompts: dict[str, PromptRecord], record: ResponseRecord, where: str) -> _Pending:
         reply = parse_reply(record, where)
         prompt = prompts.get(reply.prompt_id)
         if prompt is None:
@@ -250,7 +251,7 @@ class Rebuilder:
             rejected = True
         return _Pending(prompt, reply, history, None, None, rejected)
 
-    def _as_generated(self, reply: Reply, record: dict[str, Any], where: str) -> Reply:
+    def _as_generated(self, reply: Reply, record: ResponseRecord, where: str) -> Reply:
         """The reply in the parts the target generated: a template's answer is one text (tool calls
         rendered into it) and cannot reason; Kimi's parts are the reply's own."""
         calls = record["response"].get("tool_calls") or None

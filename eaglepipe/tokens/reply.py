@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from eaglepipe.errors import EaglepipeError
+from eaglepipe.responses import ResponseRecord
 
 
 class ReplyError(EaglepipeError, ValueError):
@@ -48,7 +50,7 @@ class Reply:
         return replace(self, server_ids=None, logprob_bytes=None, server_prompt_ids=None)
 
 
-def thinking_requested(request: dict[str, Any]) -> bool:
+def thinking_requested(request: Mapping[str, Any]) -> bool:
     """Kimi-K2.5 thinks unless the request turned reasoning off (OpenRouter's `reasoning` object)."""
     reasoning = request.get("reasoning")
     if not isinstance(reasoning, dict):
@@ -60,7 +62,7 @@ def thinking_requested(request: dict[str, Any]) -> bool:
     )
 
 
-def parse_reply(record: dict[str, Any], where: str) -> Reply:
+def parse_reply(record: ResponseRecord, where: str) -> Reply:
     response = record.get("response")
     if not isinstance(response, dict) or not isinstance(record.get("prompt_id"), str):
         raise ReplyError(f"{where}: a record without prompt_id or response; the file is not responses.jsonl")

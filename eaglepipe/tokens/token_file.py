@@ -1,5 +1,6 @@
-"""The one reader of the token stage's output (`tokens.safetensors` with its `tokens.json`, docs/formats.md):
-the hidden stage, the drafter's evaluation and the spend plan all read rows through it."""
+"""The token stage's output (`tokens.safetensors` with its `tokens.json`, docs/formats.md): the statistics'
+record and writer, and the one reader of each file: the hidden stage, the drafter, the spend plan and the
+figures all read through it."""
 
 from __future__ import annotations
 
@@ -7,15 +8,107 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-
-from safetensors.torch import load_file
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from eaglepipe.errors import EaglepipeError
+from eaglepipe.io import atomic_write, write_json
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class TokenFileError(EaglepipeError, ValueError):
-    """The two files of a set disagree: one line naming them and what to rerun."""
+    """The two files of a set disagree, or `tokens.json` is not the stage's: one line naming them and what
+    to rerun."""
+
+
+class TokenCounts(TypedDict):
+    """`tokens.json` `counts`: of all responses, before any drop."""
+
+    prompts: int
+    responses: int
+    kept: int
+    by_method: dict[str, int]
+    ambiguous_by_reason: dict[str, int]
+    flags: dict[str, int]
+    dropped: dict[str, int]
+    prompt_count_mismatches: int
+
+
+class TokenBilled(TypedDict):
+    """`tokens.json` `billed`: the rebuilt completions against their bills."""
+
+    samples_without_billed_count: int
+    rebuilt_completion_tokens: int
+    billed_completion_tokens: int
+    relative_difference: float | None
+    rebuilt_minus_billed_histogram: dict[str, int]
+    as_returned_relative_difference: float | None
+    as_returned_minus_billed_histogram: dict[str, int]
+
+
+class DroppedYield(TypedDict):
+    answers: int
+    tokens: int
+    usd: float
+
+
+class TokenYield(TypedDict):
+    """`tokens.json` `yield`: what of the bought output tokens (and dollars) reached training."""
+
+    answers: int
+    bought_tokens: int
+    bought_usd: float
+    exact_tokens: int
+    trained_tokens: int
+    trained_usd: float
+    trained_share: float | None
+    trained_tokens_by_method: dict[str, int]
+    dropped: dict[str, DroppedYield]
+
+
+# `yield` is a keyword, hence the functional form. `prompt`, `round_trip` and `providers` are reports
+# (docs/formats.md spells their keys); nothing reads them back but the figures' tables and the tests.
+TokenStats = TypedDict(
+    "TokenStats",
+    {
+        "prompt_ids": list[str],
+        "method_codes": dict[str, int],
+        "flag_codes": dict[str, int],
+        "counts": TokenCounts,
+        "shares": dict[str, float | None],
+        "billed": TokenBilled,
+        "prompt": dict[str, Any],
+        "round_trip": dict[str, Any],
+        "providers": dict[str, dict[str, Any]],
+        "yield": TokenYield,
+    },
+)
+
+
+def write_token_file(
+    tensors_path: Path, tensors: dict[str, Tensor], stats_path: Path, stats: TokenStats
+) -> None:
+    """The token stage's two files (docs/formats.md), each atomically: `tokens.safetensors`, then
+    `tokens.json`."""
+    from safetensors.torch import save_file
+
+    atomic_write(tensors_path, lambda tmp: save_file(tensors, str(tmp)))
+    write_json(stats_path, stats)
+
+
+def read_token_stats(path: Path) -> TokenStats:
+    """`tokens.json`, checked only for what every reader needs (an object whose `prompt_ids` are strings);
+    a file made by hand with `prompt_ids` alone reads, so readers of the other keys keep to `.get`."""
+    try:
+        stats = json.loads(Path(path).read_text())
+    except ValueError:
+        raise TokenFileError(f"{path} is not JSON: rerun the tokens rule") from None
+    ids = stats.get("prompt_ids") if isinstance(stats, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(prompt_id, str) for prompt_id in ids):
+        raise TokenFileError(f"{path} has no list of string `prompt_ids`: rerun the tokens rule")
+    checked: TokenStats = stats
+    return checked
 
 
 @dataclass(frozen=True)
@@ -40,8 +133,10 @@ class TokenRows:
 
 
 def read_token_rows(tensors_path: Path, stats_path: Path) -> TokenRows:
+    from safetensors.torch import load_file  # torch only where rows are read: the plan and figures need none
+
     tensors = load_file(str(tensors_path))
-    prompt_ids = json.loads(Path(stats_path).read_text())["prompt_ids"]
+    prompt_ids = read_token_stats(stats_path)["prompt_ids"]
     offsets = tensors["offsets"].tolist()
     if len(prompt_ids) != len(offsets) - 1:
         raise TokenFileError(
