@@ -5,7 +5,7 @@ held-out prompts. float32 trained again with another seed shows how far retraini
 figure. Also: bytes per token as the shards hold them, encode and decode throughput of each codec on this
 CPU, and each training's loss curve (first, middle and last points).
 
-    .venv/bin/python bench/storage.py [--target smollm2|kimi-tiny] [--keep DIR] [--skip LABEL ...]
+    .venv/bin/python bench/storage.py [--target smollm2|kimi-tiny] [--keep DIR] [--rows LABEL ...]
 
 Runs Snakemake on a scratch directory beside this checkout's resources (the embedded targets are built
 there once); nothing under results/ is touched. The Kimi-shaped target's hidden states come from the hf
@@ -95,7 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", choices=sorted(CONFIGS), default="smollm2")
     parser.add_argument("--keep", type=Path, help="keep the scratch directory here")
-    parser.add_argument("--skip", nargs="*", default=[], help="row labels to leave out, e.g. bfloat16")
+    parser.add_argument("--rows", nargs="+", default=[label for label, _, _ in ROWS], metavar="LABEL",
+                        help="the rows to run, in this order (default: all of them)")
     args = parser.parse_args()
     config = CONFIGS[args.target]
     sets = yaml.safe_load((REPO / config).read_text())["datasets"]
@@ -108,7 +109,8 @@ def main() -> None:
         if not (workdir / "resources").exists():
             (workdir / "resources").symlink_to(REPO / "resources")
         results = workdir / LAYOUT.results
-        for label, dtype, seed in [row for row in ROWS if row[0] not in args.skip]:
+        by_label = {label: (label, dtype, seed) for label, dtype, seed in ROWS}
+        for label, dtype, seed in [by_label[label] for label in args.rows]:
             overrides = {
                 "paths": {"results": str(LAYOUT.results), "prompts": str(LAYOUT.prompts)},
                 "hidden": {"backend": "hf", "dtype": dtype},
@@ -130,9 +132,10 @@ def main() -> None:
                 "held_out": evaluation.get("held_out_prompts"), "loss": loss_points(results),
                 "seconds": time.perf_counter() - started,
             })  # fmt: skip
-            if dtype == "float32" and seed == 0:
+            if dtype == "float32" and not speeds:
                 speeds = {name: codec_speed(results, sets, name) for name in TIMED_CODECS}
-    base = rows[0]
+            print(json.dumps(rows[-1]), flush=True)
+    base = next(row for row in rows if row["label"] == "float32")
     print(f"{args.target}: {base['tokens']:,} tokens of hidden states, acceptance on {base['held_out']} "
           "held-out prompts (the project's evaluation)")  # fmt: skip
     print(f"{'storage':16} {'B/token':>8} {'vs f32':>7} {'encode tok/s':>13} {'decode tok/s':>13} "
