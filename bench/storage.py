@@ -55,24 +55,26 @@ def snakemake(workdir: Path, config: str, *extra: str) -> None:
         sys.exit(done.stderr[-4000:])
 
 
-def shard_figures(results: Path, sets: list[str], dtype: str) -> tuple[float, int]:
+def shard_figures(workdir: Path, sets: list[str], dtype: str) -> tuple[float, int]:
     """(bytes per token over every shard file, tokens)."""
     size = tokens = 0
     for ds in sets:
-        manifest = json.loads((results / ds / "hidden.done").read_text())
+        manifest_path = workdir / LAYOUT.hidden_done(ds)
+        manifest = json.loads(manifest_path.read_text())
         assert manifest["dtype"] == dtype, (manifest["dtype"], dtype)
         for entry in manifest["shards"]:
-            size += (results / ds / entry["path"]).stat().st_size
+            size += (manifest_path.parent / entry["path"]).stat().st_size
             tokens += entry["num_tokens"]
     return size / tokens, tokens
 
 
-def codec_speed(results: Path, sets: list[str], dtype: str) -> tuple[float, float]:
+def codec_speed(workdir: Path, sets: list[str], dtype: str) -> tuple[float, float]:
     """(encode, decode) tokens per second over the float32 shards, one thread."""
+    manifests = [workdir / LAYOUT.hidden_done(ds) for ds in sets]
     shards = [
-        load_file(str(results / ds / entry["path"]))
-        for ds in sets
-        for entry in json.loads((results / ds / "hidden.done").read_text())["shards"]
+        load_file(str(manifest.parent / entry["path"]))
+        for manifest in manifests
+        for entry in json.loads(manifest.read_text())["shards"]
     ]
     codec = state_codec(dtype, shards[0]["final"].shape[1])
     tokens = sum(len(shard["final"]) for shard in shards)
@@ -85,8 +87,8 @@ def codec_speed(results: Path, sets: list[str], dtype: str) -> tuple[float, floa
     return tokens / encoding, tokens / (time.perf_counter() - started)
 
 
-def loss_points(results: Path) -> list[float]:
-    curve = json.loads((results / "drafter" / "train.json").read_text())["loss_curve"]
+def loss_points(workdir: Path) -> list[float]:
+    curve = json.loads((workdir / LAYOUT.train_report).read_text())["loss_curve"]
     losses = [point["loss"] for point in curve]
     return [losses[0], losses[len(losses) // 2], losses[-1]]
 
@@ -108,7 +110,6 @@ def main() -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         if not (workdir / "resources").exists():
             (workdir / "resources").symlink_to(REPO / "resources")
-        results = workdir / LAYOUT.results
         by_label = {label: (label, dtype, seed) for label, dtype, seed in ROWS}
         for label, dtype, seed in [by_label[label] for label in args.rows]:
             overrides = {
@@ -124,16 +125,16 @@ def main() -> None:
                 forced = ["--forcerun", "hidden" if dtype != rows[-1]["dtype"] else "train_drafter"]
             started = time.perf_counter()
             snakemake(workdir, config, *forced)
-            per_token, tokens = shard_figures(results, sets, dtype)
-            evaluation = json.loads((results / "drafter" / "eval.json").read_text())
+            per_token, tokens = shard_figures(workdir, sets, dtype)
+            evaluation = json.loads((workdir / LAYOUT.evaluation).read_text())
             rows.append({
                 "label": label, "dtype": dtype, "bytes_per_token": per_token, "tokens": tokens,
                 "acceptance": evaluation["methods"]["eagle3"]["acceptance_length"],
-                "held_out": evaluation.get("held_out_prompts"), "loss": loss_points(results),
+                "held_out": evaluation.get("held_out_prompts"), "loss": loss_points(workdir),
                 "seconds": time.perf_counter() - started,
             })  # fmt: skip
             if dtype == "float32" and not speeds:
-                speeds = {name: codec_speed(results, sets, name) for name in TIMED_CODECS}
+                speeds = {name: codec_speed(workdir, sets, name) for name in TIMED_CODECS}
             print(json.dumps(rows[-1]), flush=True)
     base = next(row for row in rows if row["label"] == "float32")
     print(f"{args.target}: {base['tokens']:,} tokens of hidden states, acceptance on {base['held_out']} "

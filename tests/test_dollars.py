@@ -31,7 +31,7 @@ def config(usd: float, policy: str = "share") -> dict:
 def finished(
     tmp_path: Path, ended_because: str, key: object, ran_under: dict | None, partial: str | None = None
 ) -> None:
-    (tmp_path / "responses.jsonl").write_text("{}\n")
+    (tmp_path / "responses.jsonl").write_text('{"prompt_id": "p0"}\n')
     summary = {"ended_because": ended_because, "partial": partial, "dollar_budget": ran_under}
     if key is not None:
         summary["budget_key"] = key

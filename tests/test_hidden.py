@@ -251,13 +251,16 @@ def test_group_codes_pack_every_code_and_turn_outliers_into_their_group(bits):
     assert codec._pack(codes).shape == (5, 256 * bits // 8)
     assert torch.equal(codec._unpack(codec._pack(codes)), codes.long())
     assert torch.allclose(codec.rotation @ codec.rotation, torch.eye(128), atol=1e-6)
-    # One channel a thousand times the rest (as a target's hidden states have): after the turn its group
-    # keeps the other values to the same relative error as a group without it.
-    values = torch.randn(64, 3 * 256)
+    # One channel a thousand times the rest (as a target's hidden states have): turned, its group keeps the
+    # error a group without it has, relative to the group's size (about 0.1 in int4, 0.2 in int3; unturned,
+    # every other value of that group would come back as half a step of the outlier's scale).
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(64, 3 * 256, generator=generator)
     values[:, 7] *= 1000
-    aux, _ = codec.decode(codec.encode(values, torch.randn(64, 256)))
+    aux, _ = codec.decode(codec.encode(values, torch.randn(64, 256, generator=generator)))
     error = ((aux - values).reshape(64, 6, 128).norm(dim=-1) / values.reshape(64, 6, 128).norm(dim=-1))
-    assert float(error.max()) < {4: 0.2, 3: 0.4}[bits]
+    assert float(error[:, 0].median()) < 1.2 * float(error[:, 1:].median())
+    assert float(error.max()) < {4: 0.25, 3: 0.5}[bits]
 
 
 def test_group_codes_refuse_a_width_their_groups_cannot_tile():
