@@ -1,10 +1,11 @@
 """The HTTP side: OpenRouter's paths under /api/v1, answered from the engine, the endpoint table and the
 account (account.py: key, limits, charges, generation records).
 
-Model mode and synthetic mode share every line here; only the engine and the text side differ
-(backend.py). Beyond OpenRouter's API, `/api/v1/emulator/` reports what the server saw (`GET stats`:
-requests received and billed, dollars, tokens, batches, in flight, injected faults) and lets a test
-change the credit limit live (`POST credit`). Streams carry `choices[0].token_ids` per chunk and
+Every mode shares every line here; only the engine and the text side differ (backend.py), and what
+`faults` (faults.py) hands each request: nothing unless a test plugs a plan in. Beyond OpenRouter's API,
+`/api/v1/emulator/` reports what the server saw (`GET stats`: requests received and billed, dollars,
+tokens, batches, in flight, injected faults) and lets a test change the credit limit live (`POST
+credit`). Streams carry `choices[0].token_ids` per chunk and
 `prompt_token_ids` on the first chunk when the request sets `return_token_ids` (the vLLM/SGLang
 extension); non-streamed answers carry them once.
 """
@@ -43,8 +44,8 @@ from eaglepipe.emulator.backend import (
 )
 from eaglepipe.emulator.chat_request import ChatRequest, parse_chat_request
 from eaglepipe.emulator.completion import Completion, logprobs_body
-from eaglepipe.emulator.errors import ApiError, EmulatorError
-from eaglepipe.emulator.faults import NO_FAULT, FaultPlan, FaultRule, fault_plan
+from eaglepipe.emulator.errors import ApiError
+from eaglepipe.emulator.faults import NO_FAULT, FaultRule, FaultSource, NoFaults
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.routing import route, slug_matches
 from eaglepipe.target.kimi_chat import tool_history
@@ -200,8 +201,7 @@ class Emulator:
         key_limit: float | None = None,
         in_flight_budget: float | None = None,
         api_key: str | None = None,
-        faults: FaultPlan | None = None,
-        fault_seed: int = 0,
+        faults: FaultSource | None = None,
         tokens_per_event: int = 1,
         generation_delay_s: float = 0.0,
         replies: ReplyShape | None = None,
@@ -213,8 +213,7 @@ class Emulator:
         self.endpoints = list(endpoints)
         self.model_id = model_id
         self.context_length = context_length
-        self.faults = faults or FaultPlan()
-        self.faults_seed = fault_seed
+        self.faults: FaultSource = faults or NoFaults()
         # Closed rate-limit windows: scope ("account", or a provider's name) -> (opened at, until, shape).
         self.windows: dict[str, tuple[float, float, shapes.ErrorShape]] = {}
         self.tokens_per_event = tokens_per_event
@@ -353,21 +352,6 @@ class Emulator:
                 "largest_batch": engine.largest_batch,
             }
         )
-
-    async def set_faults(self, request: Request) -> Response:
-        """Replace the fault plan live: a body that is a list of rules, as a `--faults` file holds (its
-        clock and seed start again, and rate-limit windows it left closed open); 400 with the checker's
-        one line for a bad one."""
-        try:
-            entries = await request.json()
-        except ValueError:
-            entries = None
-        try:
-            self.faults = fault_plan(entries, self.faults_seed, "POST /emulator/faults")
-        except EmulatorError as exc:
-            return _error(ApiError(400, str(exc), "invalid_request"))
-        self.windows.clear()
-        return JSONResponse({"rules": len(self.faults.rules)})
 
     async def credit(self, request: Request) -> Response:
         """Change limits live, each `USD` or null for none: `{"limit"}` the credit (402 once spent),
@@ -782,8 +766,8 @@ class Emulator:
             self.traffic.in_flight -= 1
 
 
-def build_app(emulator: Emulator) -> Starlette:
-    """The ASGI app; the engine's worker runs for as long as the app does."""
+def build_app(emulator: Emulator, extra_routes: Sequence[Route] = ()) -> Starlette:
+    """The ASGI app (with a mode's `extra_routes`); the engine's worker runs for as long as the app does."""
     routes = [
         Route("/api/v1/models", emulator.models),
         Route("/api/v1/models/{author}/{slug}/endpoints", emulator.model_endpoints),
@@ -793,7 +777,7 @@ def build_app(emulator: Emulator) -> Starlette:
         Route("/api/v1/chat/completions", emulator.chat_completions, methods=["POST"]),
         Route("/api/v1/emulator/stats", emulator.stats),
         Route("/api/v1/emulator/credit", emulator.credit, methods=["POST"]),
-        Route("/api/v1/emulator/faults", emulator.set_faults, methods=["POST"]),
+        *extra_routes,
     ]
 
     @asynccontextmanager
