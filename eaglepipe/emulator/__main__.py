@@ -22,11 +22,13 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from eaglepipe.emulator.app import Emulator, build_app, hide_injected_resets
+from eaglepipe.emulator.app import Emulator
 from eaglepipe.emulator.backend import PromptText, ReplyShape, TokenEngine
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.faults import FaultSource
 from eaglepipe.emulator.providers import Endpoint, ReplyHabits, load_endpoints
+from eaglepipe.emulator.routes import build_app
+from eaglepipe.emulator.streaming import hide_injected_resets
 from eaglepipe.emulator.text_like import SERVED_SWITCHES, SWITCHES
 from eaglepipe.io import atomic_write
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError

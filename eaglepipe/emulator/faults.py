@@ -1,13 +1,16 @@
 """The hook for injected failures: a `FaultSource` hands the server one `FaultRule` per request, and the
-server answers as the rule says (app.py). The server itself injects nothing; the tests' fault plans
-(tests/support/emulator/fault_plan.py: `--faults FILE`, `POST /api/v1/emulator/faults`) plug in here.
+server answers as the rule says (app.py, streaming.py, injected.py). The server itself injects nothing;
+the tests' fault plans (tests/support/emulator/fault_plan.py: `--faults FILE`, `POST
+/api/v1/emulator/faults`) plug in here.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from eaglepipe.emulator import shapes
 from eaglepipe.emulator.errors import ApiError
 
 # What OpenRouter says for each status (error_type, message); others get a generic line.
@@ -90,3 +93,14 @@ class NoFaults:
 
     def draw(self, route: str = "chat", provider: str | None = None) -> FaultRule:
         return NO_FAULT
+
+
+def shaped_error(shape: shapes.ErrorShape | None, provider: str) -> tuple[int, dict[str, Any]]:
+    """(status, error object) of an error inside an HTTP 200 or a stream: the shape's as `provider` sends
+    it, else a generic 502."""
+    if shape is None:
+        generic = ApiError(
+            502, "Provider returned an error mid-answer (emulator fault injection)", "upstream"
+        )
+        return generic.status, generic.body()["error"]
+    return shape.status, shape.error(time.time(), provider)

@@ -348,7 +348,8 @@ ERRORS: dict[str, ErrorShape] = {
     ),
 }
 
-# Whole but odd answers (`app.py` shapes them): finish reasons, trailing chunks, a stream's end.
+# Whole but odd answers (app.py and streaming.py shape them): finish reasons, trailing chunks, a
+# stream's end.
 QUIRKS = {
     "finish_unnormalised": "finish_reason is the provider's own (end_turn), not OpenAI's",
     "finish_native_only": "finish_reason null, native_finish_reason stop (ai-sdk-provider#420)",

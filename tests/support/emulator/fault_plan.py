@@ -34,6 +34,7 @@ from eaglepipe.emulator import shapes
 from eaglepipe.emulator.app import Emulator
 from eaglepipe.emulator.errors import ApiError, EmulatorError
 from eaglepipe.emulator.faults import NO_FAULT, FaultRule
+from eaglepipe.emulator.routes import error_response
 
 # What a `status` or `burst` rule may say besides its status, as OpenRouter does: `code` goes to
 # `metadata.reason` (e.g. capacity_exhausted), `body_code` replaces the numeric `code` (OpenRouter sometimes
@@ -235,8 +236,7 @@ def faults_route(emulator: Emulator, seed: int) -> Route:
         try:
             plan = fault_plan(entries, seed, "POST /emulator/faults")
         except EmulatorError as exc:
-            error = ApiError(400, str(exc), "invalid_request")
-            return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+            return error_response(ApiError(400, str(exc), "invalid_request"))
         emulator.faults = plan
         emulator.windows.clear()
         return JSONResponse({"rules": len(plan.rules)})
