@@ -116,7 +116,7 @@ class Emulator:
         self.account.check_key_limit()
         try:
             prompt_ids = self.text.prompt_ids(chat.messages, chat.tools, thinking=chat.thinking)
-        except ApiError:  # the text side's own answer (Kimi mode: a conversation it has no answer for)
+        except ApiError:  # the text side's own answer (the tests' Kimi mode: a conversation it cannot answer)
             raise
         except Exception as exc:  # a template error on odd messages is the client's to fix
             raise ApiError(

@@ -136,7 +136,7 @@ class Delivery:
         self.traffic = traffic
         self._running_out: set[asyncio.Task[None]] = set()
 
-    def settle(self, answer: Answer, *, client_left: bool = False) -> None:
+    def _settle(self, answer: Answer, *, client_left: bool = False) -> None:
         completion = answer.completion
         completion.cancelled = client_left or not (completion.complete or completion.failed)
         completion.finished_s = time.monotonic() - completion.started
@@ -172,7 +172,7 @@ class Delivery:
             completion.failed = True
             raise ApiError(500, str(exc), "server") from None
         finally:
-            self.settle(answer)
+            self._settle(answer)
         logprobs = (
             logprobs_body(completion.answer_tokens, self.text.token_bytes)
             if answer.generation.top_logprobs is not None
@@ -267,7 +267,7 @@ class Delivery:
         completion = answer.completion
         cancels = self.engine.cancellable and answer.cut_after is None
         if completion.complete or completion.failed or cancels:
-            self.settle(answer)
+            self._settle(answer)
             self.traffic.in_flight -= 1
             return
         task = asyncio.get_running_loop().create_task(self._run_out(answer))
@@ -281,5 +281,5 @@ class Delivery:
                 completion.add(token)
             completion.complete = True
         finally:
-            self.settle(answer, client_left=True)
+            self._settle(answer, client_left=True)
             self.traffic.in_flight -= 1
