@@ -56,7 +56,10 @@ from typing import Any
 
 import httpx
 
-from eaglepipe.emulator.runner import running_emulator, running_server
+from eaglepipe.emulator.runner import running_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' `support` package
+from support.emulator import running_emulator  # noqa: E402
 
 MODEL = "moonshotai/kimi-k2.5"
 PRICE_PER_TOKEN_USD = 3e-6  # Kimi-K2.5's output price, about $3 per million tokens

@@ -2,8 +2,8 @@
 
     python bench/reconstruction.py [--samples 2000] [--length 10] [--repeats 3] [--shares 400]
 
-A synthetic Kimi corpus (Kimi-layout tokenizer, `eaglepipe.emulator.kimi_synthetic`) is turned into the
-replies each engine switch would give, then rebuilt from text (`eaglepipe.tokens.rebuild`) in this one
+A synthetic Kimi corpus (Kimi-layout tokenizer, `tests/support/emulator/kimi_synthetic.py`) is turned into
+the replies each engine switch would give, then rebuilt from text (`eaglepipe.tokens.rebuild`) in this one
 process, pinned to one CPU: the first table is tokens per second (prompt and completion ids produced,
 validation and tensor assembly included; the best of `--repeats`) and the time 60M tokens would take. The
 second table: shares of each method per switch, blind (the engine learned from the replies) and informed
@@ -20,7 +20,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from eaglepipe.emulator.kimi_synthetic import kimi_corpus, reply_record
 from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch
 from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from stage_settings import token_settings  # noqa: E402  (the schema's defaults, as the tests build them)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' `support` package
+from support.emulator.kimi_synthetic import kimi_corpus, reply_record  # noqa: E402
 from support.pins import pin_for  # noqa: E402
 
 SEEDS_TOKENS = 60_000_000

@@ -34,8 +34,10 @@ from typing import Any
 
 import httpx
 
-from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.io import atomic_write
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' `support` package
+from support.emulator import running_emulator  # noqa: E402
 
 TICK_S = 0.01  # the timer wheel's step: events leave at most this late
 MODEL = "moonshotai/kimi-k2.5"

@@ -7,8 +7,8 @@ import json
 
 import pytest
 from stage_settings import token_settings
+from support.emulator.kimi_synthetic import kimi_corpus, reply_record
 
-from eaglepipe.emulator.kimi_synthetic import kimi_corpus, reply_record
 from eaglepipe.emulator.text_like import SWITCHES
 from eaglepipe.plan.estimate import InputTokens
 from eaglepipe.target import kimi_chat

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -13,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 from support.api_schemas import validate, validate_error
+from support.emulator import import_path, running_emulator
+from support.emulator.fault_plan import load_faults
 
 from eaglepipe.emulator.errors import EmulatorError
-from eaglepipe.emulator.faults import load_faults
-from eaglepipe.emulator.runner import running_emulator
 
 MODEL_ID = "local/smollm2-135m-instruct"
 FAST = ["--latency-s", "0", "--tokens-per-s", "0", "--mean-tokens", "20", "--length-sigma", "0.3"]
@@ -292,7 +293,8 @@ def test_the_server_refuses_a_bad_faults_file_in_one_line(tmp_path: Path) -> Non
         "[{fault: reset, probability: 0.1}, {fault: stall, probability: 0.1}]\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "eaglepipe.emulator", "--synthetic", "--faults", str(tmp_path / "bad.yaml")],
+        [sys.executable, "-m", "support.emulator", "--synthetic", "--faults", str(tmp_path / "bad.yaml")],
+        env={**os.environ, **import_path()},
         capture_output=True,
         text=True,
         timeout=60,

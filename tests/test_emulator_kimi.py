@@ -20,13 +20,13 @@ import pytest
 import yaml
 from stage_settings import token_settings
 from support.api_schemas import validate
+from support.emulator import running_emulator
+from support.emulator.__main__ import main, parse_args
+from support.emulator.kimi_mode import KimiCorpus
+from support.emulator.kimi_synthetic import LITERAL_SPECIALS, TrueSample, kimi_corpus
 
-from eaglepipe.emulator.__main__ import main, parse_args
 from eaglepipe.emulator.errors import EmulatorError
-from eaglepipe.emulator.kimi_mode import KimiCorpus
-from eaglepipe.emulator.kimi_synthetic import LITERAL_SPECIALS, TrueSample, kimi_corpus
 from eaglepipe.emulator.providers import load_endpoints
-from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.emulator.text_like import SECTION_BEGIN, SWITCHES, EngineReply, engine_reply
 from eaglepipe.openrouter.replies import read_reply, read_streamed_reply
 from eaglepipe.target.chat_format import chat_format_for

@@ -13,9 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 from support.api_schemas import validate, validate_error
-
-from eaglepipe.emulator.__main__ import parse_args
-from eaglepipe.emulator.runner import running_emulator
+from support.emulator import running_emulator
+from support.emulator.__main__ import parse_args
 
 MODEL_ID = "local/smollm2-135m-instruct"
 INSTANT = ["--latency-s", "0", "--tokens-per-s", "0"]

@@ -8,9 +8,9 @@ import re
 
 import pytest
 from stage_settings import token_settings
+from support.emulator.kimi_synthetic import TrueSample, bytes_of_characters, kimi_corpus
 from support.engines.corpus import MODES, engine_corpus, engine_record
 
-from eaglepipe.emulator.kimi_synthetic import TrueSample, bytes_of_characters, kimi_corpus
 from eaglepipe.emulator.text_like import SWITCHES, engine_reply
 from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.tokens.methods import EXACT_METHODS, Flag, Method

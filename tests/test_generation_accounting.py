@@ -19,8 +19,8 @@ import pytest
 import yaml
 from stage_settings import generation_settings
 from support.api_schemas import validate
+from support.emulator import running_emulator
 
-from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.client import (
     GenerationSummary,
     generate_set,

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import yaml
 from safetensors.torch import load_file
+from support.emulator import running_emulator
+from support.emulator.kimi_mode import rendered_prompt
+from support.emulator.kimi_synthetic import TrueSample, kimi_corpus
 from tiny_run import snakemake_command
 
-from eaglepipe.emulator.kimi_mode import rendered_prompt
-from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
-from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.tokens.methods import EXACT_METHODS, Method
 

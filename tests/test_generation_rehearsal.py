@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from support.emulator import running_emulator
 from tiny_run import snakemake_command
 
-from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.journal import read_records
 from eaglepipe.openrouter.ledger import read_ledger
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.emulator import running_emulator
 from tiny_run import planned_jobs, snakemake
-
-from eaglepipe.emulator.runner import running_emulator
 
 # A whole set through Snakemake, then dry runs: CI runs it (make test), the inner loop does not.
 pytestmark = pytest.mark.slow

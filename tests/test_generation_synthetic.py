@@ -14,9 +14,9 @@ import anyio
 import httpx
 import pytest
 from stage_settings import default_config, generation_settings
+from support.emulator import running_emulator
 
 from eaglepipe.answers.engine_stage import run_engine_generation
-from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.client import GenerationSummary, generate_set
 from eaglepipe.openrouter.console import ProgressLine
 from eaglepipe.openrouter.fingerprint import engine_fingerprint

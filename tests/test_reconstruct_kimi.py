@@ -15,9 +15,7 @@ from dataclasses import dataclass, replace
 import pytest
 from safetensors.torch import load_file
 from stage_settings import token_settings
-from support.pins import pin_for
-
-from eaglepipe.emulator.kimi_synthetic import (
+from support.emulator.kimi_synthetic import (
     HIDDEN_BY_STRIP,
     HIDDEN_BY_TRIM,
     NON_CANONICAL,
@@ -26,6 +24,8 @@ from eaglepipe.emulator.kimi_synthetic import (
     kimi_corpus,
     reply_record,
 )
+from support.pins import pin_for
+
 from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, engine_reply
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.chat_format import chat_format_for

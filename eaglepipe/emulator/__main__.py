@@ -1,10 +1,8 @@
-"""`python -m eaglepipe.emulator --model-dir DIR | --synthetic`: OpenRouter's API on loopback.
+"""`python -m eaglepipe.emulator --model-dir DIR`: OpenRouter's API on loopback, answered by the local model.
 
-`--model-dir` serves the local model; `--synthetic` serves made-up answers at a provider's pace with no
-model at all (torch is never imported), to rehearse thousands of requests in flight; `--synthetic
---kimi-corpus DIR` serves the offline Kimi corpus with each endpoint's reply habits (kimi_mode.py). The
-port file is written (atomically) only once the server is listening, so whoever waits for it can send
-requests at once; it is removed again on a clean shutdown.
+The tests' modes (synthetic answers, the Kimi corpus, injected faults: `python -m support.emulator` under
+tests/) reuse this command line and `serve`. The port file is written (atomically) only once the server is
+listening, so whoever waits for it can send requests at once; it is removed again on a clean shutdown.
 """
 
 from __future__ import annotations
@@ -16,39 +14,35 @@ import resource
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.routing import Route
 
-from eaglepipe.emulator.app import Emulator, build_app, hide_injected_resets
-from eaglepipe.emulator.backend import PromptText, ReplyShape, TextReplies, TokenEngine, TokenText
+from eaglepipe.emulator.app import Emulator
+from eaglepipe.emulator.backend import PromptText, ReplyShape, TextReplies, TokenEngine
 from eaglepipe.emulator.errors import EmulatorError
-from eaglepipe.emulator.faults import load_faults
-from eaglepipe.emulator.providers import ReplyHabits, load_endpoints
+from eaglepipe.emulator.faults import FaultSource
+from eaglepipe.emulator.providers import Endpoint, ReplyHabits, load_endpoints
+from eaglepipe.emulator.routes import build_app
+from eaglepipe.emulator.streaming import hide_injected_resets
 from eaglepipe.emulator.text_like import SERVED_SWITCHES, SWITCHES
 from eaglepipe.io import atomic_write
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
 from eaglepipe.target.tokenizer import has_kimi_tokenizer
 
 log = logging.getLogger("eaglepipe.emulator")
-
-# Synthetic-mode options: (default, lowest allowed); they mean nothing to a model.
-SYNTHETIC_OPTIONS: dict[str, tuple[float, float]] = {
-    "mean_tokens": (300.0, 1.0),
-    "length_sigma": (1.0, 0.0),
-    "tokens_per_s": (50.0, 0.0),
-    "latency_s": (0.2, 0.0),
-    "context_length": (262_144, 2),
-}
+KIMI_HINT = "--model-dir with Kimi's tokenizer files"
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m eaglepipe.emulator", description=__doc__.splitlines()[0])
+def build_parser(prog: str, description: str) -> tuple[argparse.ArgumentParser, argparse._ActionsContainer]:
+    """The server's command line, and its group of answer sources (`--model-dir`; a mode adds its own)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model-dir", type=Path, help="Hugging Face model directory to serve")
-    source.add_argument("--synthetic", action="store_true", help="serve made-up answers, no model")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 binds a free port (see --port-file)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
@@ -79,8 +73,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="answer 401 unless the bearer token equals this file's content",
     )
     parser.add_argument("--tokens-per-event", type=int, default=1, help="tokens per streamed data chunk")
-    parser.add_argument("--faults", type=Path, metavar="FILE", help="YAML/JSON list of fault rules to inject")
-    parser.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws")
     parser.add_argument(
         "--generation-delay-s",
         type=float,
@@ -105,46 +97,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="torch threads for the model; 1 is fastest on a shared machine (batching gives the throughput)",
     )
-    synthetic = parser.add_argument_group("synthetic mode")
-    synthetic.add_argument("--mean-tokens", type=float, help="mean answer length in tokens (300)")
-    synthetic.add_argument("--length-sigma", type=float, help="lognormal shape of answer lengths (1.0)")
-    synthetic.add_argument("--tokens-per-s", type=float, help="decode rate per request, 0 = instant (50)")
-    synthetic.add_argument("--latency-s", type=float, help="seconds to the first token (0.2)")
-    synthetic.add_argument("--context-length", type=int, help="the model's context length (262144)")
-    synthetic.add_argument("--seed", type=int, help="seed of the answers (default: a new one each start)")
-    kimi = parser.add_argument_group("Kimi mode (with --synthetic; endpoints' `habits` shape the answers)")
-    kimi.add_argument(
-        "--kimi-corpus",
-        type=Path,
-        metavar="DIR",
-        help="answer from the offline Kimi corpus built with the Kimi-layout tokenizer in DIR",
-    )
-    kimi.add_argument("--kimi-count", type=int, default=200, help="samples in the corpus (200)")
-    kimi.add_argument("--kimi-seed", type=int, default=0, help="seed of the corpus (0)")
-    args = parser.parse_args(argv)
+    return parser, source
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The checks of the server's own options (argparse's exit 2 and one line)."""
     if args.model_id.count("/") != 1:
         parser.error("--model-id must look like author/slug")
     if args.max_batch < 1 or args.threads < 1 or args.tokens_per_event < 1:
         parser.error("--max-batch, --threads and --tokens-per-event must be at least 1")
     if args.generation_delay_s < 0:
         parser.error("--generation-delay-s must not be negative")
-    given = [name for name in [*SYNTHETIC_OPTIONS, "seed"] if getattr(args, name) is not None]
-    if args.model_dir is not None and given:
-        parser.error(f"--{given[0].replace('_', '-')} applies only with --synthetic")
-    if args.kimi_corpus is not None and not args.synthetic:
-        parser.error("--kimi-corpus applies only with --synthetic")
-    if args.kimi_count < 1:
-        parser.error("--kimi-count must be at least 1")
-    if args.synthetic and args.text_like is not None:
-        parser.error("--text-like applies only with --model-dir (synthetic words have no special tokens)")
-    for name, (default, lowest) in SYNTHETIC_OPTIONS.items():
-        value = getattr(args, name)
-        if value is None:
-            setattr(args, name, default)
-        elif value < lowest:
-            parser.error(f"--{name.replace('_', '-')} must be at least {lowest:g}")
-    if args.length_sigma > 4:
-        parser.error("--length-sigma above 4 gives lengths beyond any context; use 0 to 4")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser, _ = build_parser("python -m eaglepipe.emulator", __doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    check_args(parser, args)
     return args
 
 
@@ -219,9 +188,9 @@ def _context_length(model_dir: Path) -> int:
 
 
 def _model_backend(args: argparse.Namespace) -> tuple[TokenEngine, PromptText, ReplyShape]:
-    """The real model: imported here, so that synthetic mode never loads torch, transformers or a tokenizer.
-    A model in Kimi-K2.5's layout answers with reasoning and tool calls as each endpoint's habits say
-    (kimi_model.py); any other answers plain text, as `--text-like` says."""
+    """The real model: imported here, so that a mode without one never loads torch or transformers. A model in
+    Kimi-K2.5's layout answers with reasoning and tool calls as each endpoint's habits say (kimi_model.py);
+    any other answers plain text, as `--text-like` says."""
     import torch
 
     from eaglepipe.emulator.engine import Engine
@@ -245,94 +214,87 @@ def _model_backend(args: argparse.Namespace) -> tuple[TokenEngine, PromptText, R
     return engine, plain, TextReplies(plain)
 
 
-def _synthetic_backend(args: argparse.Namespace) -> tuple[TokenEngine, TokenText]:
-    from eaglepipe.emulator.synthetic import Pace, SyntheticEngine, WordText
+@dataclass
+class Setup:
+    """What a mode serves, decided before the port is bound (so that a bad command line or file fails
+    before a model loads): `backend` builds the engine, text side and reply shape (None: plain text) once
+    it is."""
 
-    engine = SyntheticEngine(
-        pace=Pace(latency_s=args.latency_s, tokens_per_s=args.tokens_per_s),
-        mean_tokens=args.mean_tokens,
-        length_sigma=args.length_sigma,
-        seed=args.seed,
-    )
-    return engine, WordText()
-
-
-def _kimi_backend(args: argparse.Namespace) -> tuple[TokenEngine, PromptText, ReplyShape]:
-    """Kimi mode; the corpus is built (seconds for a few hundred samples) before the port is bound."""
-    from eaglepipe.emulator.kimi_mode import KimiCorpus, KimiEngine, KimiReplies, KimiText
-    from eaglepipe.emulator.synthetic import Pace
-
-    corpus = KimiCorpus.build(args.kimi_corpus, args.kimi_count, args.kimi_seed)
-    engine = KimiEngine(corpus, Pace(latency_s=args.latency_s, tokens_per_s=args.tokens_per_s))
-    return engine, KimiText(corpus), KimiReplies(corpus)
+    context_length: int
+    endpoints: list[Endpoint]
+    backend: Callable[[], tuple[TokenEngine, PromptText, ReplyShape | None]]
+    source: str
+    faults: FaultSource | None = None
+    routes: Callable[[Emulator], Sequence[Route]] = lambda emulator: ()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def model_setup(args: argparse.Namespace, habits_hint: str = KIMI_HINT) -> Setup:
+    """The local model: a Kimi-layout one applies the endpoints' habits, any other refuses them."""
+    context_length = _context_length(args.model_dir)
+    endpoints = load_endpoints(args.config, args.model_id, context_length)
+    kimi_model = has_kimi_tokenizer(args.model_dir)
+    if kimi_model and args.text_like is not None:
+        endpoints = [e.with_text_like(args.text_like) for e in endpoints]
+    if not kimi_model:
+        refuse_habits(args, endpoints, habits_hint)
+    source = f"{args.model_dir} (max batch {args.max_batch}, text like {args.text_like or 'exact'})"
+    return Setup(context_length, endpoints, lambda: _model_backend(args), source)
+
+
+def refuse_habits(args: argparse.Namespace, endpoints: Sequence[Endpoint], hint: str) -> None:
+    if habits := [e.tag for e in endpoints if e.habits != ReplyHabits()]:
+        raise EmulatorError(
+            f"{args.config}: endpoint {habits[0]} sets `habits`, which only a Kimi-layout target applies "
+            f"({hint})"
+        )
+
+
+def serve(args: argparse.Namespace, setup: Callable[[argparse.Namespace], Setup]) -> int:
+    """Serve what `setup` decides until SIGTERM or SIGINT; 2 and one line for what is wrong at the start."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # uvicorn handles SIGTERM/SIGINT while serving and re-raises them after its clean shutdown; exit quietly.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:  # everything that can be wrong with the command line fails here, before a model loads
         api_key = _read_key(args.require_key_file)
-        faults = load_faults(args.faults, args.fault_seed)
-        context_length = args.context_length if args.synthetic else _context_length(args.model_dir)
-        endpoints = load_endpoints(args.config, args.model_id, context_length)
-        replies: ReplyShape | None = None
-        kimi_model = args.model_dir is not None and has_kimi_tokenizer(args.model_dir)
-        if kimi_model and args.text_like is not None:
-            endpoints = [e.with_text_like(args.text_like) for e in endpoints]
-        if args.kimi_corpus is not None:
-            engine, text, replies = _kimi_backend(args)
-        elif not kimi_model and (habits := [e.tag for e in endpoints if e.habits != ReplyHabits()]):
-            raise EmulatorError(
-                f"{args.config}: endpoint {habits[0]} sets `habits`, which only a Kimi-layout target applies "
-                "(--synthetic --kimi-corpus DIR, or --model-dir with Kimi's tokenizer files)"
-            )
+        served = setup(args)
         sock = _bind(args.host, args.port)
     except EmulatorError as exc:
         print(f"emulator: {exc}", file=sys.stderr)
         return 2
     _allow_many_connections()
-    if args.synthetic and replies is None:
-        engine, text = _synthetic_backend(args)
-    elif replies is None:
-        engine, text, replies = _model_backend(args)
+    engine, text, replies = served.backend()
     emulator = Emulator(
         engine,
         text,
-        endpoints,
+        served.endpoints,
         model_id=args.model_id,
-        context_length=context_length,
+        context_length=served.context_length,
         credit_limit=args.credit_limit,
         key_limit=args.key_limit,
         in_flight_budget=args.in_flight_budget,
         api_key=api_key,
-        faults=faults,
-        fault_seed=args.fault_seed,
+        faults=served.faults,
         tokens_per_event=args.tokens_per_event,
         generation_delay_s=args.generation_delay_s,
         replies=replies,
         store_content=args.store_content,
     )
-    if args.kimi_corpus is not None:
-        source = f"the Kimi corpus ({args.kimi_count} samples, seed {args.kimi_seed})"
-    elif args.synthetic:
-        source = "synthetic answers"
-    else:
-        source = f"{args.model_dir} (max batch {args.max_batch}, text like {args.text_like or 'exact'})"
     log.info(
-        "serving %s from %s: %d endpoints%s%s",
+        "serving %s from %s: %d endpoints%s",
         args.model_id,
-        source,
-        len(endpoints),
-        f", faults from {args.faults}" if args.faults else "",
+        served.source,
+        len(served.endpoints),
         ", key required" if api_key else "",
     )
     try:
-        asyncio.run(_serve(build_app(emulator), sock, args.host, args.port_file))
+        asyncio.run(_serve(build_app(emulator, served.routes(emulator)), sock, args.host, args.port_file))
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return serve(parse_args(argv), model_setup)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ OpenRouter answers from the account as well as from the model: a spent credit an
 limit 403, the in-flight budget holds each running request's worst case; `/key` reports the usage,
 `/generation` a finished answer's record (once a delay has passed, as on OpenRouter) and
 `/generation/content` its text where the account stores it. The HTTP side (app.py) asks this module; all
-of it lives on the event loop's thread.
+of it lives on the event loop's thread, as do the server's `Traffic` counters beside it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,17 @@ def _is_usd_limit(value: Any) -> bool:
     return value is None or (
         isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
     )
+
+
+@dataclass
+class Traffic:
+    """What the server has been asked and how it answered (the account keeps what was charged)."""
+
+    requests_received: int = 0
+    responses_completed: int = 0
+    in_flight: int = 0
+    errors: Counter[int] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass

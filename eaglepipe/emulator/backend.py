@@ -1,10 +1,10 @@
 """What the HTTP side needs from whatever produces the answers, with no torch or tokenizer behind it.
 
-Model mode (engine.Engine and text.TokenizerText) and synthetic mode (synthetic.SyntheticEngine and
-synthetic.WordText) each provide an engine and a text side, so both are served by one HTTP code path. A
-`ReplyShape` turns an answer's ids into the assistant message and its stream deltas: plain text for those
-two (`TextReplies`), reasoning and tool calls as each endpoint's provider returns them in Kimi mode
-(kimi_mode.KimiReplies).
+Model mode (engine.Engine and text.TokenizerText) and the tests' modes (tests/support/emulator: synthetic
+words, the Kimi corpus) each provide an engine and a text side, so all are served by one HTTP code path. A
+`ReplyShape` turns an answer's ids into the assistant message and its stream deltas: plain text
+(`TextReplies`), or reasoning and tool calls as each endpoint's provider returns them (a Kimi-layout
+model's kimi_model.KimiModelReplies, the tests' Kimi mode).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ class _TextDeltas:
 
 
 class TextReplies:
-    """Answers as plain content, the text side's decoding of the ids (model and synthetic modes)."""
+    """Answers as plain content, the text side's decoding of the ids (a plain model, synthetic words)."""
 
     def __init__(self, text: TokenText) -> None:
         self.text = text

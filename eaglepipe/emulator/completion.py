@@ -24,7 +24,7 @@ class Completion:
     `complete`: the engine produced the whole answer; `cancelled`: the client left before its end
     (both hold for a provider that cannot cancel); `failed`: it ended in an error; `calls_tools`: the
     provider returned tool calls, so a stop is reported as `tool_calls`; `reasoning_tokens`: how many of
-    the ids were reasoning, as usage reports it (Kimi mode; 0 for plain text). `reports_usage` and
+    the ids were reasoning, as usage reports it (a Kimi answer; 0 for plain text). `reports_usage` and
     `reports_cost` off leave the answer without usage or with `cost: null` (injected faults); the bill and
     `/generation` are unchanged. `thinking` and `tool_history` (the calls made earlier in the conversation)
     are what a Kimi-layout reply shape needs to split the ids as the provider's parser would.

@@ -1,4 +1,5 @@
-"""The two ways the emulator fails: a problem for the operator, or an API error for the client."""
+"""The ways the emulator fails: a problem for the operator, an API error for the client, or a connection
+broken on purpose."""
 
 from __future__ import annotations
 
@@ -49,3 +50,7 @@ class ApiError(Exception):
         if self.retry_after_s is None:
             return {}
         return {"Retry-After": str(math.ceil(self.retry_after_s))}
+
+
+class InjectedReset(Exception):
+    """Raised to break a connection on purpose (the `reset` and `cutoff` faults)."""

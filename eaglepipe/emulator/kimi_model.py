@@ -3,9 +3,9 @@ each endpoint's provider would return them.
 
 The prompt is Kimi's template with tools declared in TypeScript, as a thinking turn unless the request
 turns reasoning off. The model's ids are split into reasoning, content and tool calls by the serving
-endpoint's habits, with the same code as Kimi mode (`kimi_mode.provider_reply`). A stream cannot know the
-answer ahead, so at each event it re-reads the ids so far as the provider's parser would and sends what
-grew, holding back what the rest of the answer can still change: trailing whitespace (a stripping parser
+endpoint's habits (`habits.provider_reply`, as the tests' Kimi corpus mode does). A stream cannot know
+the answer ahead, so at each event it re-reads the ids so far as the provider's parser would and sends
+what grew, holding back what the rest of the answer can still change: trailing whitespace (a stripping parser
 drops it at `</think>`), a tool call until it is closed, and content that a `drops_text` parser may lose.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from eaglepipe.emulator.backend import GenerationFailed, GenerationRequest
 from eaglepipe.emulator.completion import Completion
-from eaglepipe.emulator.kimi_mode import (
+from eaglepipe.emulator.habits import (
     call_deltas,
     provider_reply,
     reasoning_delta,

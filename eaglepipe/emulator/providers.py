@@ -2,8 +2,9 @@
 
 The default mimics what OpenRouter lists for a popular open model: one model served by several providers
 at different quantizations and prices, one of them down, some uptimes unknown. A `--config` file
-(YAML or JSON, `{"endpoints": [...]}`) replaces it to rehearse a particular situation. In Kimi mode an
-endpoint's `habits` say how its provider returns reasoning and tool calls (`ReplyHabits`).
+(YAML or JSON, `{"endpoints": [...]}`) replaces it to rehearse a particular situation. For a Kimi-layout
+target (and the tests' Kimi mode) an endpoint's `habits` say how its provider returns reasoning and tool
+calls (`ReplyHabits`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ HABIT_CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ReplyHabits:
-    """How an endpoint's provider returns a Kimi answer (Kimi mode; the other modes send plain content).
+    """How an endpoint's provider returns a Kimi answer (a Kimi-layout target; others send plain content).
 
     `text_like`: the engine switch (text_like.py) that turns the ids into reasoning, content and tool calls.
     `reasoning_field`: `reasoning` sends the reasoning in `reasoning` and `reasoning_details`,

@@ -7,11 +7,12 @@ HTTP) and that never outlives them, even when they are interrupted or killed.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from eaglepipe.emulator.errors import EmulatorError
@@ -20,19 +21,19 @@ from eaglepipe.processes import die_with_parent, last_log_line, stop_process_gro
 
 @contextlib.contextmanager
 def running_emulator(
-    model_dir: Path | None,
+    model_dir: Path,
     *,
     extra_args: Sequence[str] = (),
     log_path: Path | None = None,
     startup_timeout_s: float = 120,
 ) -> Iterator[str]:
-    """Yield the base URL (`http://127.0.0.1:PORT/api/v1`) of an emulator serving `model_dir`, or
-    synthetic answers when it is None (`extra_args` then carry the synthetic options)."""
+    """Yield the base URL (`http://127.0.0.1:PORT/api/v1`) of an emulator serving `model_dir`."""
     command = [
         sys.executable,
         "-m",
         "eaglepipe.emulator",
-        *(["--synthetic"] if model_dir is None else ["--model-dir", str(model_dir)]),
+        "--model-dir",
+        str(model_dir),
         "--host",
         "127.0.0.1",
         "--port",
@@ -45,10 +46,16 @@ def running_emulator(
 
 @contextlib.contextmanager
 def running_server(
-    command: Sequence[str], name: str, *, log_path: Path | None = None, startup_timeout_s: float = 120
+    command: Sequence[str],
+    name: str,
+    *,
+    log_path: Path | None = None,
+    startup_timeout_s: float = 120,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """Yield the base URL of a loopback server started as `command` + `--port-file PATH` (it writes its
-    bound port there, whole, once listening), stopped at the end of the block or when this process dies."""
+    bound port there, whole, once listening), stopped at the end of the block or when this process dies.
+    `env` adds to the environment it inherits (the tests' server: its import path)."""
     with tempfile.TemporaryDirectory(prefix=f"eaglepipe-{name.replace(' ', '-')}-") as scratch:
         port_file = Path(scratch) / "port"
         log_path = log_path or Path(scratch) / f"{name.replace(' ', '-')}.log"
@@ -59,6 +66,7 @@ def running_server(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **(env or {})},
                 preexec_fn=die_with_parent,
             )
         try:

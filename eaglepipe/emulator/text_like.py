@@ -126,7 +126,7 @@ class EngineReply:
 def kept_markers(tokenizer: TargetTokenizer) -> frozenset[int]:
     """The special ids a decoder that skips special tokens still writes: those Moonshot's config marks
     `special: false` (`</think>`, the tool markers). Other targets have none of them. Imported here: the
-    layout module pulls in tiktoken and regex, which the synthetic emulator's start does without."""
+    layout module pulls in tiktoken and regex, which the tests' synthetic emulator's start does without."""
     from eaglepipe.target.kimi_layout import NOT_HF_SPECIAL
 
     kept = set()

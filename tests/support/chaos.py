@@ -24,12 +24,12 @@ from typing import Any
 import anyio
 import httpx
 
-from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.appendlog import read_lines
 from eaglepipe.openrouter.client import GenerationSummary, generate_set
 from eaglepipe.openrouter.journal import read_records
 from eaglepipe.openrouter.ledger import ledger_path
 from eaglepipe.prompts.records import PromptRecord
+from support.emulator import running_emulator
 
 MODEL = "moonshotai/kimi-k2.5"
 KEPT = (("Chutes", "chutes/int4"), ("Moonshot AI", "moonshotai"))

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.emulator.kimi_synthetic import TrueSample, sample_record
 from eaglepipe.emulator.text_like import EngineReply
 from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.tokenizer import TargetTokenizer
+from support.emulator.kimi_synthetic import TrueSample, sample_record
 
 REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
@@ -157,9 +157,9 @@ def engine_record(
 
 def main() -> None:
     """`PYTHONPATH=tests python -m support.engines.corpus OUT_DIR [COUNT]`: the corpus, for a look by hand."""
-    from eaglepipe.emulator.kimi_synthetic import kimi_corpus
     from eaglepipe.target.kimi_layout import ensure_kimi_layout
     from eaglepipe.target.load import load_target_tokenizer
+    from support.emulator.kimi_synthetic import kimi_corpus
 
     out = Path(sys.argv[1])
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 100

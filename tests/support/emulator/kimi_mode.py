@@ -7,11 +7,9 @@ template, tools declared in TypeScript): a key the template ignores, such as the
 turn (which the prompt stage drops), changes nothing. A conversation outside the corpus gets a 400, so a
 test that asks the wrong prompt fails at once.
 
-Each endpoint's `habits` (providers.ReplyHabits) decide what the client sees: the engine switch's
-reasoning, content and tool calls (text_like.engine_reply), where the reasoning goes, the tool-call ids
-and streamed indexes, and a tool parser that loses or leaks text. Usage bills the true ids (its
-`reasoning_tokens`: those before `</think>`), so the token stage's rebuild can be checked against ground
-truth after a real HTTP run.
+Each endpoint's `habits` decide what the client sees (eaglepipe/emulator/habits.py). Usage bills the true
+ids (its `reasoning_tokens`: those before `</think>`), so the token stage's rebuild can be checked against
+ground truth after a real HTTP run.
 
 The prompt's ids (and so its bill) are the sample's own rendering (thinking as the sample was generated),
 whatever the endpoint and whatever the request's `reasoning` says.
@@ -20,30 +18,21 @@ whatever the endpoint and whatever the request's `reasoning` says.
 from __future__ import annotations
 
 import math
-import secrets
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from eaglepipe.emulator.backend import GeneratedToken, GenerationRequest
 from eaglepipe.emulator.completion import Completion
 from eaglepipe.emulator.errors import ApiError, EmulatorError
-from eaglepipe.emulator.kimi_synthetic import TrueSample, kimi_corpus
+from eaglepipe.emulator.habits import provider_reply, reasoning_tokens, reply_message, stream_deltas
 from eaglepipe.emulator.providers import Endpoint, ReplyHabits
-from eaglepipe.emulator.synthetic import Pace, SyntheticStream
-from eaglepipe.emulator.text_like import (
-    SECTION_BEGIN,
-    SWITCHES,
-    EngineReply,
-    detokenize,
-    engine_reply,
-)
+from eaglepipe.emulator.text_like import SWITCHES, EngineReply
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.target.tokenizer import TargetTokenizer
-
-PIECE_CHARS = 16  # characters of reasoning, content or arguments per streamed delta
+from support.emulator.kimi_synthetic import TrueSample, kimi_corpus
+from support.emulator.synthetic import Pace, SyntheticStream
 
 
 def rendered_prompt(
@@ -149,103 +138,12 @@ class KimiEngine:
         return SyntheticStream(tokens, self.pace, request.event_tokens)
 
 
-def provider_reply(
-    tokenizer: TargetTokenizer,
-    ids: list[int],
-    stopped: bool,
-    habits: ReplyHabits,
-    *,
-    thinking: bool,
-    tool_history: int,
-) -> EngineReply:
-    """What a provider with these habits returns for answer ids `ids` (`tool_history`: the calls the
-    conversation made before, from which Kimi numbers the next call's id)."""
-    switch = SWITCHES[habits.text_like]
-    reply = engine_reply(
-        tokenizer, ids, switch, stopped=stopped, thinking=thinking, tool_history=tool_history
-    )
-    content = reply.content
-    if habits.tool_parser == "drops_text" and reply.tool_calls:
-        content = ""
-    elif habits.tool_parser == "leaks_markers":
-        text = detokenize(tokenizer, ids, switch)
-        if (cut := text.find(SECTION_BEGIN)) >= 0:
-            content += text[cut:]
-    calls = [{**call, "id": _call_id(habits, call, n)} for n, call in enumerate(reply.tool_calls)]
-    return replace(reply, content=content, tool_calls=calls)
-
-
 def _sample_reply(
     tokenizer: TargetTokenizer, sample: TrueSample, ids: list[int], stopped: bool, habits: ReplyHabits
 ) -> EngineReply:
     return provider_reply(
         tokenizer, ids, stopped, habits, thinking=sample.thinking, tool_history=sample.tool_history
     )
-
-
-def _call_id(habits: ReplyHabits, call: dict[str, Any], position: int) -> str:
-    if habits.tool_ids == "call_random":
-        return "call_" + secrets.token_hex(12)
-    if habits.tool_ids == "renumbered":
-        return f"functions.{call['function']['name']}:{position}"
-    return call["id"]
-
-
-def _reasoning_detail(text: str) -> dict[str, Any]:
-    return {"type": "reasoning.text", "text": text, "format": "unknown", "index": 0}
-
-
-def _pieces(text: str) -> list[str]:
-    return [text[i : i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)]
-
-
-def reasoning_delta(piece: str, habits: ReplyHabits) -> dict[str, Any]:
-    delta: dict[str, Any] = {"content": "", "reasoning_details": [_reasoning_detail(piece)]}
-    if habits.reasoning_field == "reasoning":
-        delta["reasoning"] = piece
-    return delta
-
-
-def call_deltas(position: int, call: dict[str, Any], habits: ReplyHabits) -> list[dict[str, Any]]:
-    """One call's deltas: its id, type and name, then its arguments in pieces."""
-    index = 0 if habits.tool_index == "zero" else position
-    function = call["function"]
-    header = {"index": index, "id": call["id"], "type": "function"}
-    deltas = [{"tool_calls": [{**header, "function": {"name": function["name"], "arguments": ""}}]}]
-    return deltas + [
-        {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
-        for piece in _pieces(function["arguments"])
-    ]
-
-
-def stream_deltas(reply: EngineReply, habits: ReplyHabits) -> list[dict[str, Any]]:
-    """The reply as stream deltas: reasoning, then content, then each call (id and name, then its
-    arguments in pieces)."""
-    deltas = [reasoning_delta(piece, habits) for piece in _pieces(reply.reasoning or "")]
-    deltas += [{"content": piece} for piece in _pieces(reply.content)]
-    for position, call in enumerate(reply.tool_calls):
-        deltas += call_deltas(position, call, habits)
-    return deltas
-
-
-def reply_message(reply: EngineReply, habits: ReplyHabits) -> dict[str, Any]:
-    """The assistant message of a plain (not streamed) answer."""
-    message: dict[str, Any] = {
-        "content": reply.content,
-        "reasoning": reply.reasoning if habits.reasoning_field == "reasoning" else None,
-    }
-    if reply.reasoning:
-        message["reasoning_details"] = [_reasoning_detail(reply.reasoning)]
-    if reply.tool_calls:
-        message["tool_calls"] = reply.tool_calls
-    return message
-
-
-def reasoning_tokens(ids: list[int], think_end: int, thinking: bool) -> int:
-    """The ids before `</think>` (all of them when the answer was cut inside its reasoning)."""
-    if not thinking:
-        return 0
-    return ids.index(think_end) if think_end in ids else len(ids)
 
 
 class _PlannedDeltas:
