@@ -558,7 +558,7 @@ def test_the_demos_plan_before_and_after_its_target_exists(tmp_path, model_dir, 
     text = format_plan(spend_plan(config, config["datasets"], FINGERPRINT, layout=layout))
 
     source = "the target's config.json" if built else "target.hidden_size"
-    assert f"hidden 576 ({source}) x 4 B (hidden.dtype float32)" in text
+    assert f"hidden 576 ({source}) x 3 bits, one bfloat16 scale a group (hidden.dtype int3)" in text
     assert "7,168" not in text
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("demo-")}
     assert rows["demo-chat"][2] == "25" and rows["demo-math"][2] == "24"
