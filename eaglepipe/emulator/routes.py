@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -101,28 +101,27 @@ async def key(emulator: Emulator, request: Request) -> Response:
 
 
 async def generation(emulator: Emulator, request: Request) -> Response:
-    try:
-        emulator.authorize(request)
-        _account_fault(emulator, "generation")
-        record = emulator.account.generation(request.query_params.get("id", ""))
-        if record is None:
-            raise ApiError(404, f"Generation {request.query_params.get('id')!r} not found", "not_found")
-    except ApiError as exc:
-        return error_response(exc)
-    return JSONResponse({"data": record})
+    return _looked_up(emulator, request, emulator.account.generation, "Generation {id!r} not found")
 
 
 async def generation_content(emulator: Emulator, request: Request) -> Response:
     """The stored prompt and answer text of a generation (`--store-content`), cut-off ones included."""
+    return _looked_up(emulator, request, emulator.account.content, "No content for {id!r}")
+
+
+def _looked_up(
+    emulator: Emulator, request: Request, find: Callable[[str], Any | None], missing: str
+) -> Response:
+    """A generation's stored record by its `id` (both routes answer under /generation's faults), or 404."""
     try:
         emulator.authorize(request)
         _account_fault(emulator, "generation")
-        content = emulator.account.content(request.query_params.get("id", ""))
-        if content is None:
-            raise ApiError(404, f"No content for {request.query_params.get('id')!r}", "not_found")
+        found = find(request.query_params.get("id", ""))
+        if found is None:
+            raise ApiError(404, missing.format(id=request.query_params.get("id")), "not_found")
     except ApiError as exc:
         return error_response(exc)
-    return JSONResponse({"data": content})
+    return JSONResponse({"data": found})
 
 
 async def stats(emulator: Emulator, request: Request) -> Response:
