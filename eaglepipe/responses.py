@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 from eaglepipe.errors import EaglepipeError
-from eaglepipe.io import atomic_write
+from eaglepipe.io import atomic_write, json_lines
 
 
 class ResponseError(EaglepipeError, ValueError):
@@ -107,15 +107,12 @@ def as_response_record(record: Any, where: str) -> ResponseRecord:
 
 def iter_responses(path: Path) -> Iterator[ResponseRecord]:
     """The records of a responses.jsonl, one line at a time (a real run's holds gigabytes of text)."""
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise ResponseError(f"{path} line {number} is not JSON: rerun generation") from None
-            yield as_response_record(record, f"{path} line {number}")
+
+    def not_json(number: int) -> ResponseError:
+        return ResponseError(f"{path} line {number} is not JSON: rerun generation")
+
+    for number, record in json_lines(path, not_json):
+        yield as_response_record(record, f"{path} line {number}")
 
 
 def read_responses(path: Path) -> list[ResponseRecord]:

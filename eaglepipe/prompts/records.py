@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from eaglepipe.io import atomic_write
+from eaglepipe.io import atomic_write, json_lines
 from eaglepipe.prompts.validate import PromptError
 
 
@@ -29,17 +29,14 @@ def write_prompt_set(records: Iterable[PromptRecord], path: Path) -> None:
 def read_prompt_set(path: Path) -> list[PromptRecord]:
     """The prompts rule wrote this file, so a malformed line means a stale or hand-edited set."""
     prompts: list[PromptRecord] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                prompt = json.loads(line)
-            except ValueError:
-                raise PromptError(f"{path} line {number} is not JSON: rebuild the prompt set") from None
-            if not isinstance(prompt, dict) or not isinstance(prompt.get("id"), str):
-                raise PromptError(f"{path} line {number} has no string `id`: rebuild the prompt set")
-            if not isinstance(prompt.get("messages"), list) or not prompt["messages"]:
-                raise PromptError(f"{path} prompt {prompt['id']} has no messages: rebuild the prompt set")
-            prompts.append(prompt)  # type: ignore[arg-type]  # checked above, key by key
+
+    def not_json(number: int) -> PromptError:
+        return PromptError(f"{path} line {number} is not JSON: rebuild the prompt set")
+
+    for number, prompt in json_lines(path, not_json):
+        if not isinstance(prompt, dict) or not isinstance(prompt.get("id"), str):
+            raise PromptError(f"{path} line {number} has no string `id`: rebuild the prompt set")
+        if not isinstance(prompt.get("messages"), list) or not prompt["messages"]:
+            raise PromptError(f"{path} prompt {prompt['id']} has no messages: rebuild the prompt set")
+        prompts.append(prompt)  # type: ignore[arg-type]  # checked above, key by key
     return prompts
