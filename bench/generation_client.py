@@ -88,6 +88,7 @@ async def run_eaglepipe(url: str, count: int, in_flight: int, stream: bool, max_
     from eaglepipe.config import validate_config
     from eaglepipe.layout import RunLayout
     from eaglepipe.openrouter.client import generate_set
+    from eaglepipe.openrouter.dollars import DollarBudget
     from eaglepipe.openrouter.settings import GenerationSettings
 
     schema = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
@@ -98,7 +99,7 @@ async def run_eaglepipe(url: str, count: int, in_flight: int, stream: bool, max_
     )
     defaults = GenerationSettings.from_sections(
         config["generation"], model=MODEL, base_url=url, fingerprint="bench", kept=[], provider_obj=None,
-        output_token_budget=None, usd_budget=None, max_failed_fraction=0.0,
+        output_token_budget=None, dollar_budget=None, max_failed_fraction=0.0,
     )
     settings = dataclasses.replace(
         defaults,
@@ -112,7 +113,7 @@ async def run_eaglepipe(url: str, count: int, in_flight: int, stream: bool, max_
         recovery_wait_s=0.0,
         # The real config's budgets (config.yaml): admissions then refit the forecast as a real run does.
         output_token_budget=10_000_000,
-        usd_budget=100.0,
+        dollar_budget=DollarBudget(policy="in_order", run_usd=100.0, set_usd=None),
         expected_request_usd=max_tokens * PRICE_PER_TOKEN_USD,
     )
     with tempfile.TemporaryDirectory() as scratch:

@@ -4,10 +4,11 @@ import re
 import sys
 from pathlib import Path
 
+from eaglepipe.answers.job import Source
 from eaglepipe.config import ConfigError, is_local_api, sets_answered_by, validate_config
 from eaglepipe.figures import FIGURES
 from eaglepipe.layout import RunLayout
-from eaglepipe.openrouter.dollars import budget_key
+from eaglepipe.openrouter.dollars import dollar_budget_param
 from eaglepipe.openrouter.fingerprint import config_fingerprint, engine_fingerprint
 from eaglepipe.openrouter.settings import engine_request_params, operational_params, request_params
 from eaglepipe.prompts import PromptError, check_edited_source, strip_setting
@@ -128,14 +129,14 @@ GENERATION_FINGERPRINT = config_fingerprint(config)
 ENGINE_FINGERPRINT = engine_fingerprint(config)
 
 
-def dollar_budget_key(wildcards):
-    """The generate rule's `budget_key` param: the budget the set runs under, and reruns on."""
+def set_dollar_budget(wildcards):
+    """The generate rule's `dollar_budget` param: the budget the set runs under, and reruns on."""
     reruns_for = {
         "fingerprint": GENERATION_FINGERPRINT,
         "output_token_budget": config["budget"]["output_tokens_per_dataset"],
     }
     ds = wildcards.ds
-    return budget_key(config, BOUGHT_SETS, LAYOUT.responses_summary(ds), LAYOUT.responses(ds), reruns_for)
+    return dollar_budget_param(config, BOUGHT_SETS, LAYOUT.responses_summary(ds), LAYOUT.responses(ds), reruns_for)
 
 
 def generation_settings_input(wildcards):
@@ -178,7 +179,7 @@ if workflow.is_main_process:
 
 onstart:
     from eaglepipe.openrouter.errors import OpenRouterError
-    from eaglepipe.openrouter.stage import check_key_for_pending_sets
+    from eaglepipe.openrouter.connection import check_key_for_pending_sets
 
     try:
         check_key_for_pending_sets(config, DATASETS, LAYOUT)

@@ -1,5 +1,8 @@
-# 1. Generation, the stage that spends money. Progress lives in {results}/{ds}/.journal/ (undeclared, so a
-# failed or killed job never loses a paid response); responses.jsonl is written once, atomically, at the end.
+# 1. Generation, the stage that spends money: a set's answers, bought through OpenRouter (generate), asked of
+# the team's own engine (generate_engine) or imported (import_answers). One script and one job description
+# (eaglepipe.answers) for all three; the `source` param picks the source. Progress lives in
+# {results}/{ds}/.journal/ (undeclared, so a failed or killed job never loses a paid response);
+# responses.jsonl is written once, atomically, at the end.
 
 
 # How a generate job runs and reaches its server (eaglepipe.openrouter.settings.operational_params:
@@ -62,6 +65,8 @@ rule generate:
     output:
         responses=LAYOUT.responses(),
     params:
+        # Not a rerun trigger (eaglepipe.answers.job.Source): the config's choice of source picks the rule.
+        source=Source.OPENROUTER,
         # Only what changes the responses or completes a set belongs here: a change reruns the (paid) job,
         # which then resumes from the journal. Everything else comes from the settings input.
         fingerprint=GENERATION_FINGERPRINT,
@@ -72,7 +77,7 @@ rule generate:
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
         # The dollars the set may spend (eaglepipe.openrouter.dollars): a change of budget.usd or
         # budget.policy reruns only the sets it can buy more for.
-        budget_key=dollar_budget_key,
+        dollar_budget=set_dollar_budget,
         max_failed_fraction=config["generation"]["max_failed_fraction"],
         journal=str(LAYOUT.journal()),
         # Undeclared, like the journal: a failed job keeps the summary that says why it failed.
@@ -93,7 +98,7 @@ rule generate:
     conda:
         "../envs/pipeline.yaml"
     script:
-        "../scripts/generate.py"
+        "../scripts/answers.py"
 
 
 # A set answered by the team's own vLLM or SGLang server (`answers`, `engine`): the same client, journal and
@@ -109,6 +114,7 @@ rule generate_engine:
     output:
         responses=LAYOUT.responses(),
     params:
+        source=Source.ENGINE,
         fingerprint=ENGINE_FINGERPRINT,
         settings=str(LAYOUT.generation_settings),
         request=engine_request_params(config),
@@ -130,7 +136,7 @@ rule generate_engine:
     conda:
         "../envs/pipeline.yaml"
     script:
-        "../scripts/generate_engine.py"
+        "../scripts/answers.py"
 
 
 # A set whose answers the team already has (`answers.sets.{ds}: {source: import, path: ...}`): its prompts'
@@ -144,6 +150,7 @@ rule import_answers:
     output:
         responses=LAYOUT.responses(),
     params:
+        source=Source.IMPORT,
         summary=str(LAYOUT.responses_summary()),
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
         target_name=config["target"]["name"],
@@ -153,4 +160,4 @@ rule import_answers:
     conda:
         "../envs/pipeline.yaml"
     script:
-        "../scripts/import_answers.py"
+        "../scripts/answers.py"

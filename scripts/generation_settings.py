@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
+from eaglepipe.answers.stage import write_generation_settings
 from eaglepipe.jobs import snakemake_job
-from eaglepipe.openrouter.stage import write_job_settings
 
 with snakemake_job(snakemake):
-    write_job_settings(Path(snakemake.output.settings), snakemake.params.operational)
+    write_generation_settings(Path(snakemake.output.settings), snakemake.params.operational)

@@ -12,6 +12,7 @@ from eaglepipe.config import validate_config
 from eaglepipe.drafter.evaluate import EvalSettings
 from eaglepipe.drafter.train import TrainSettings
 from eaglepipe.hidden.extract import HiddenSettings
+from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.tokens.profile import ProviderPin
 from eaglepipe.tokens.rebuild import TokenSettings
@@ -83,7 +84,7 @@ def generation_settings(**fields: Any) -> GenerationSettings:
         kept=[],
         provider_obj=None,
         output_token_budget=config["budget"]["output_tokens_per_dataset"],
-        usd_budget=config["budget"]["usd"],
+        dollar_budget=DollarBudget(policy="in_order", run_usd=float(config["budget"]["usd"]), set_usd=None),
         max_failed_fraction=config["generation"]["max_failed_fraction"],
     )
     return dataclasses.replace(defaults, **fields)

@@ -18,14 +18,11 @@ import httpx
 import pytest
 import yaml
 from stage_settings import default_config
+from support.answers import answer_engine_set
 from tiny_run import PROMPTS, RESULTS_ROOT, snakemake, snakemake_command, tiny_config, write_prompts
 
 from eaglepipe.answers.engine import EngineServer, EngineSettings, running_engine
-from eaglepipe.answers.engine_stage import run_engine_generation
-from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.journal import read_records
-from eaglepipe.openrouter.settings import engine_request_params, operational_params
-from eaglepipe.openrouter.stage import write_job_settings
 
 pytestmark = [
     pytest.mark.vllm,
@@ -83,28 +80,20 @@ def test_the_job_starts_vllm_and_records_the_ids_it_produced(model_dir: Path, tm
                     "request_timeout_s": 300},
         target={"name": "HuggingFaceTB/SmolLM2-135M-Instruct", "path": str(model_dir)},
     )
-    settings_file = tmp_path / "generation_settings.json"
-    write_job_settings(settings_file, operational_params(config))
     prompts = [{"id": f"q{i}", "messages": [{"role": "user", "content": text}]}
                for i, text in enumerate(QUESTIONS)]
     prompt_file = tmp_path / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     responses = tmp_path / "s" / "responses.jsonl"
-    summary = run_engine_generation(
-        engine_request_params(config),
-        settings_file,
-        prompts_path=prompt_file,
-        responses_path=responses,
-        summary_path=tmp_path / "s" / "responses.summary.json",
-        journal_dir=tmp_path / "s" / ".journal",
-        ledger_dir=tmp_path / ".engine-ledger",
-        dataset="s",
-        fingerprint=engine_fingerprint(config),
-        output_token_budget=100_000,
-        max_failed_fraction=0.0,
+    summary = answer_engine_set(
+        config,
+        prompt_file,
+        responses.parent,
+        ledger=tmp_path / ".engine-ledger",
         engine_log=tmp_path / "engine.log",
+        output_token_budget=100_000,
     )
-    assert summary.done == len(QUESTIONS) and summary.dollars == 0
+    assert summary["done"] == len(QUESTIONS) and summary["dollars"] == 0
     records = [json.loads(line) for line in responses.read_text().splitlines()]
     offline = offline_chat(model_dir, [p["messages"] for p in prompts], tmp_path)
     for record, reference in zip(records, offline, strict=True):

@@ -13,13 +13,14 @@ import httpx
 import pytest
 from stage_settings import generation_settings, token_settings
 
+from eaglepipe.answers.asked import generate_responses
 from eaglepipe.openrouter.client import GenerationSummary
+from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.fingerprint import request_fingerprint
 from eaglepipe.openrouter.journal import RECORDS_FILE, read_records
 from eaglepipe.openrouter.ledger import read_ledger
 from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers, provider_request
-from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.openrouter.secrets import read_api_key
 from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.target.chat_format import chat_format_for
@@ -285,7 +286,7 @@ def test_dollar_budget_counts_the_whole_run_and_stops_before_passing_it(
         emulator_url,
         provider_obj,
         concurrency=1,
-        usd_budget=per_request * 5.5,
+        dollar_budget=DollarBudget(policy="in_order", run_usd=per_request * 5.5, set_usd=None),
         expected_request_usd=per_request,
     )
     before = billed(emulator_url)

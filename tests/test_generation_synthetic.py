@@ -14,15 +14,12 @@ import anyio
 import httpx
 import pytest
 from stage_settings import default_config, generation_settings
+from support.answers import answer_engine_set
 from support.emulator import running_emulator
 
-from eaglepipe.answers.engine_stage import run_engine_generation
 from eaglepipe.openrouter.client import GenerationSummary, generate_set
 from eaglepipe.openrouter.console import ProgressLine
-from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.ledger import read_ledger
-from eaglepipe.openrouter.settings import engine_request_params, operational_params
-from eaglepipe.openrouter.stage import write_job_settings
 
 MODEL = "moonshotai/kimi-k2.5"
 
@@ -117,25 +114,18 @@ def test_an_engine_set_gets_no_routing_no_key_no_dollars_and_keeps_its_token_ids
         target={"name": "t", "path": str(tmp_path / "none")},
     )
     results = tmp_path / "results"
-    settings_file = results / "generation_settings.json"
-    write_job_settings(settings_file, operational_params(config))
+    results.mkdir()
     prompt_file = results / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps(p) + "\n" for p in prompts(4)))
-    summary = run_engine_generation(
-        engine_request_params(config),
-        settings_file,
-        prompts_path=prompt_file,
-        responses_path=results / "s" / "responses.jsonl",
-        summary_path=results / "s" / "summary.json",
-        journal_dir=results / "s" / ".journal",
-        ledger_dir=results / ".engine-ledger",
-        dataset="s",
-        fingerprint=engine_fingerprint(config),
-        output_token_budget=10_000,
-        max_failed_fraction=0.0,
+    summary = answer_engine_set(
+        config,
+        prompt_file,
+        results / "s",
+        ledger=results / ".engine-ledger",
         engine_log=results / "engine.log",
+        output_token_budget=10_000,
     )
-    assert summary.done == 4 and summary.dollars == 0
+    assert summary["done"] == 4 and summary["dollars"] == 0
     for line in (results / "s" / "responses.jsonl").read_text().splitlines():
         record = json.loads(line)
         assert record["source"] == "engine"

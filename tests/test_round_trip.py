@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from stage_settings import generation_settings, token_settings
 
+from eaglepipe.answers.asked import generate_responses
 from eaglepipe.emulator.runner import running_emulator
 from eaglepipe.openrouter.fingerprint import request_fingerprint
-from eaglepipe.openrouter.run import generate_responses
 from eaglepipe.tokens.build import build_tokens
 
 pytestmark = pytest.mark.slow

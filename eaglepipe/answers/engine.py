@@ -10,10 +10,12 @@ ids, so it is asked for `logprobs` (each entry's `bytes`, which the token stage 
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +23,14 @@ from typing import Any, Protocol
 
 import httpx
 
+from eaglepipe.answers.asked import AskedSet, ask_server, probe_loading
+from eaglepipe.answers.job import AnswersJob
 from eaglepipe.config import section_fields
 from eaglepipe.errors import EaglepipeError
+from eaglepipe.openrouter.settings import GenerationSettings
 from eaglepipe.processes import die_with_parent, last_log_line, stop_process_group
+
+log = logging.getLogger(__name__)
 
 # A probe answer's length: enough to see ids come back, short enough to cost nothing.
 PROBE_TOKENS = 2
@@ -118,6 +125,72 @@ class EngineServer:
     base_url: str
     model: str
     dialect: EngineDialect
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineAnswers:
+    """`source: engine`: the same client, journal and resume as a bought set, against the team's own server;
+    no key, no dollars, no routing."""
+
+    asked: AskedSet
+    engine: EngineSettings
+    engine_log: Path
+
+    @classmethod
+    def from_rule(
+        cls, input: Mapping[str, Any], params: Mapping[str, Any], log: Mapping[str, Any], threads: int
+    ) -> EngineAnswers:
+        asked = AskedSet.from_rule(params)
+        engine = EngineSettings.from_section(asked.operational["engine"])
+        if engine.server != asked.request["server"]:
+            raise EngineError(
+                f"{params['settings']} is for a {engine.server} engine, the rule asks "
+                f"{asked.request['server']}: rerun `.venv/bin/snakemake generation_settings`"
+            )
+        return cls(asked=asked, engine=engine, engine_log=Path(log["engine"]))
+
+    def answer(self, job: AnswersJob) -> None:
+        asked, engine = self.asked, self.engine
+        generation = asked.generation
+        with (
+            probe_loading(asked.target_path if generation["probe_answers"] else None) as probe,
+            running_engine(
+                engine,
+                target_path=str(asked.target_path),
+                served_name=asked.request["target"],
+                python=sys.executable,
+                log_path=self.engine_log,
+            ) as server,
+        ):
+            log.info(
+                "%s: %s engine at %s serving %r", job.dataset, engine.server, server.base_url, server.model
+            )
+            stream = generation["stream"] if server.dialect.stream is None else server.dialect.stream
+            settings = GenerationSettings.from_sections(
+                {**generation, "stream": stream, "return_token_ids": False, "logprobs": False},
+                model=server.model,
+                base_url=server.base_url,
+                fingerprint=asked.fingerprint,
+                kept=[],
+                provider_obj=None,
+                output_token_budget=job.output_token_budget,
+                dollar_budget=None,
+                max_failed_fraction=asked.max_failed_fraction,
+                source="engine",
+                server_name=engine.server,
+                extra_request_fields=server.dialect.request_fields(stream),
+            )
+            summary = ask_server(job, asked, settings, None, probe.result())
+        log.info(
+            "%s: %d done (%d resumed, %d truncated at max_tokens %d), %d tokens from the %s engine",
+            job.responses,
+            summary.done,
+            summary.resumed,
+            summary.truncated,
+            generation["max_tokens"],
+            summary.completion_tokens,
+            engine.server,
+        )
 
 
 @contextmanager

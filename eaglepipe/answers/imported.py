@@ -13,10 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.answers.job import AnswersJob
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import write_json
 from eaglepipe.prompts.ids import prompt_id
@@ -58,6 +60,30 @@ class _Reading:
     fingerprint: str
     unmatched_lines: list[int]
     duplicates: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportedAnswers:
+    answers: Path
+    # The target the answers are recorded as coming from (`target.name`).
+    target_name: str
+
+    @classmethod
+    def from_rule(
+        cls, input: Mapping[str, Any], params: Mapping[str, Any], log: Mapping[str, Any], threads: int
+    ) -> ImportedAnswers:
+        return cls(answers=Path(input["answers"]), target_name=params["target_name"])
+
+    def answer(self, job: AnswersJob) -> None:
+        import_answers(
+            job.prompts,
+            self.answers,
+            job.responses,
+            job.summary,
+            dataset=job.dataset,
+            output_token_budget=job.output_token_budget,
+            target_name=self.target_name,
+        )
 
 
 def import_answers(

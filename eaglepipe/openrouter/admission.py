@@ -15,6 +15,7 @@ import time
 from eaglepipe.openrouter.billing_api import KeyState
 from eaglepipe.openrouter.budget import REFIT_EVERY_S, Forecast
 from eaglepipe.openrouter.concurrency import AdaptiveLimit
+from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.ledger import OtherJobs, RunLedger
 from eaglepipe.prompts.records import PromptRecord
 from eaglepipe.prompts.size import prompt_json_bytes
@@ -43,16 +44,14 @@ class Admission:
         expected_request_usd: float,
         prompt_usd_per_token: float,
         output_token_budget: int | None,
-        usd_budget: float | None,
-        set_usd_budget: float | None = None,
+        dollar_budget: DollarBudget | None,
     ) -> None:
         self.dataset = dataset
         self.concurrency = concurrency
         self.expected_request_usd = expected_request_usd
         self.prompt_usd_per_token = prompt_usd_per_token
         self.output_token_budget = output_token_budget
-        self.usd_budget = usd_budget
-        self.set_usd_budget = set_usd_budget
+        self.dollar_budget = dollar_budget
         self.limit = AdaptiveLimit(concurrency)
         self.forecast = Forecast(max_tokens, expected_request_usd)
         self.others = OtherJobs()
@@ -120,7 +119,8 @@ class Admission:
     def _budget_verdict(self, tokens_done: int, ledger: RunLedger | None) -> tuple[str, str] | None:
         """None to admit, ("wait", "") while requests in flight may leave room, else (reason, message)."""
         budget = self.output_token_budget
-        if budget is not None or self.usd_budget is not None:
+        dollars = self.dollar_budget
+        if budget is not None or dollars is not None:
             self.forecast.refresh(max_age_s=REFIT_EVERY_S)
         if budget is not None and tokens_done + self.forecast.committed_tokens() > budget:
             if self.in_flight:
@@ -128,18 +128,18 @@ class Admission:
             return "token_budget", (
                 f"output_token_budget {budget} reached ({tokens_done} completion tokens done)"
             )
-        if self.usd_budget is not None and ledger is not None:
+        if dollars is not None and ledger is not None:
             spent = ledger.view.refresh().usd
             committed = spent + self.reserved_elsewhere(ledger) + self.forecast.committed_usd()
-            if committed > self.usd_budget:
+            if committed > dollars.run_usd:
                 if self.in_flight or self.others.in_flight:
                     return "wait", ""
                 return "dollar_budget", (
-                    f"budget.usd {self.usd_budget:g} reached (${spent:.4f} spent by the run): "
+                    f"budget.usd {dollars.run_usd:g} reached (${spent:.4f} spent by the run): "
                     "raise budget.usd to go on"
                 )
-            if self.set_usd_budget is not None:
-                return self._share_verdict(ledger, self.set_usd_budget)
+            if dollars.set_usd is not None:
+                return self._share_verdict(ledger, dollars.set_usd)
         return None
 
     def _share_verdict(self, ledger: RunLedger, share: float) -> tuple[str, str] | None:

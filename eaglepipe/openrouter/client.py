@@ -120,10 +120,9 @@ class GenerationSummary:
     failures: list[dict[str, Any]] = field(default_factory=list)
     emulated: bool = False
     max_tokens: int = 0
-    # The dollars the set ran under, the rule's budget_key (eaglepipe/openrouter/dollars.py), and
+    # The dollars the set ran under (eaglepipe/openrouter/dollars.py reads it back), and `partial` is
     # `dollar_budget` when its share of budget.usd ended it: complete for now, the rest bought on a raise.
     dollar_budget: dict[str, Any] | None = None
-    budget_key: Any = None
     partial: str | None = None
     # What else of the rule's params the set ran under, so a rerun for them is known from this file.
     fingerprint: str = ""
@@ -245,8 +244,7 @@ class _Run:
             expected_request_usd=settings.expected_request_usd,
             prompt_usd_per_token=settings.prompt_usd_per_token,
             output_token_budget=settings.output_token_budget,
-            usd_budget=settings.usd_budget,
-            set_usd_budget=settings.set_usd_budget,
+            dollar_budget=settings.dollar_budget,
         )
         self.tally = Tally(summary, settings.max_tokens, self.admission.forecast)
         self.health = ProviderHealth(

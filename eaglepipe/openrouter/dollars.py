@@ -9,13 +9,15 @@
 
 Either way the run-wide ledger keeps the whole run under budget.usd.
 
-The generate rule's `budget_key` param is the budget a set runs under, and a change of it reruns the set:
+The generate rule's `dollar_budget` param is the budget a set runs under, and a change of it reruns the set:
 it is the planned budget, except where the budget cannot change the set's answers (it finished without the
 dollars stopping it, or its share did not grow), which keep the key they last ran with, so raising
 budget.usd reruns only the sets it can buy more for, not their downstream GPU work. A set that reruns for
 another reason its summary shows (another request fingerprint or token budget) takes the planned budget.
 One it cannot show (`--forcerun`, rebuilt prompts) runs under the kept one; a finished set's kept budget
-bought it everything already, unless a budget.usd change came at the same time.
+bought it everything already, unless a budget.usd change came at the same time. The summary records the
+budget as `dollar_budget` (summaries before it had one name also kept the param itself as `budget_key`, which
+is read first).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class DollarBudget:
 
     @classmethod
     def from_param(cls, param: Any) -> DollarBudget:
-        """A budget_key: a dict, or budget.usd alone for a set finished before keys (the run's budget)."""
+        """The rule's param: a dict, or budget.usd alone for a set finished before budgets were dicts."""
         if not isinstance(param, dict):
             return cls(policy="in_order", run_usd=float(param), set_usd=None)
         return cls(policy=param["policy"], run_usd=float(param["run_usd"]), set_usd=param["set_usd"])
@@ -62,14 +64,14 @@ def planned_budget(config: dict[str, Any], bought_sets: list[str]) -> DollarBudg
     return DollarBudget(policy=budget["policy"], run_usd=usd, set_usd=share)
 
 
-def budget_key(
+def dollar_budget_param(
     config: dict[str, Any],
     bought_sets: list[str],
     summary_path: Path,
     responses_path: Path,
     reruns_for: dict[str, Any] | None = None,
 ) -> Any:
-    """The generate rule's `budget_key` param (module docstring). `reruns_for`: the rule's other params
+    """The generate rule's `dollar_budget` param (module docstring). `reruns_for`: the rule's other params
     that a summary records ({"fingerprint", "output_token_budget"}); a set whose summary differs reruns
     anyway, under the planned budget."""
     summary = _summary(summary_path) if responses_path.is_file() else None
@@ -82,12 +84,18 @@ def _key(
     planned = planned_budget(config, bought_sets)
     if summary is None or any(summary.get(key) != value for key, value in reruns_for.items()):
         return planned.to_param()
+    ran_under = _ran_under(summary)
     if summary.get("ended_because") in ENDED_REGARDLESS_OF_DOLLARS:
-        # A set finished before budget keys existed ran with budget.usd itself as this param.
-        return summary.get("budget_key", config["budget"]["usd"])
+        # A set finished before the budget was recorded ran with budget.usd itself as this param.
+        return config["budget"]["usd"] if ran_under is None else ran_under
     if summary.get("partial") == "dollar_budget" and not _share_grew(summary.get("dollar_budget"), planned):
-        return summary.get("budget_key", planned.to_param())
+        return planned.to_param() if ran_under is None else ran_under
     return planned.to_param()
+
+
+def _ran_under(summary: dict[str, Any]) -> Any:
+    """The param a set last ran under: `budget_key` where an older summary kept it, else `dollar_budget`."""
+    return summary["budget_key"] if "budget_key" in summary else summary.get("dollar_budget")
 
 
 def buys_more_on_rerun(
@@ -97,7 +105,7 @@ def buys_more_on_rerun(
     summary = _summary(summary_path) if responses_path.is_file() else None
     if summary is None or summary.get("partial") != "dollar_budget":
         return False
-    return _key(config, bought_sets, summary, {}) != summary.get("budget_key")
+    return _key(config, bought_sets, summary, {}) != _ran_under(summary)
 
 
 def _share_grew(ran_under: Any, planned: DollarBudget) -> bool:

@@ -7,9 +7,11 @@ have none here, so a default can no longer drift from the schema. What has a def
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import dearest_price
 
@@ -72,8 +74,8 @@ class GenerationSettings:
     """One prompt set's request shape and run limits. `fingerprint` is computed by the caller from the
     configured server identity (see `request_fingerprint`), since `base_url` may carry a per-run port.
     `output_token_budget` caps the set's completion tokens, resumed ones included, so a plain rerun of a
-    set stopped by its budget does not spend a second budget. `concurrency` and `usd_budget` hold for the
-    whole run: jobs running at once split the first and share the second through the ledger."""
+    set stopped by its budget does not spend a second budget. `concurrency` and `dollar_budget.run_usd` hold
+    for the whole run: jobs running at once split the first and share the second through the ledger."""
 
     base_url: str
     model: str
@@ -91,10 +93,9 @@ class GenerationSettings:
     retry_failed: bool
     request_timeout_s: float
     output_token_budget: int | None
-    usd_budget: float | None
+    # What a bought set may spend (eaglepipe/openrouter/dollars.py); None: nothing is bought.
+    dollar_budget: DollarBudget | None
     max_failed_fraction: float
-    # Under budget.policy `share`, this set's part of usd_budget (eaglepipe/openrouter/dollars.py).
-    set_usd_budget: float | None = None
     stream: bool
     return_token_ids: bool
     # Ask for each output token's logprob and bytes (exact ids for the token stage where providers send them).
@@ -136,14 +137,17 @@ class GenerationSettings:
         kept: list[dict[str, Any]],
         provider_obj: dict[str, Any] | None,
         output_token_budget: int | None,
-        usd_budget: float | None,
+        dollar_budget: DollarBudget | None,
         max_failed_fraction: float,
-        set_usd_budget: float | None = None,
         emulated: bool = False,
+        source: str = "openrouter",
+        server_name: str | None = None,
+        extra_request_fields: Mapping[str, Any] | None = None,
     ) -> GenerationSettings:
         """From the validated `generation` section, the endpoints routing kept (providers.json), and what
-        completes a set (the budgets, `generation.max_failed_fraction`), which the generate rule holds as
-        params; `base_url` is the server this job reaches (an emulator's per-run port)."""
+        completes a set (the budgets, `generation.max_failed_fraction`), which the rule holds as params;
+        `base_url` is the server this job reaches (an emulator's per-run port). An engine of the team's own
+        (`source` engine) is paid nothing and names itself `server_name`."""
         named = [e for e in kept if e.get("provider_name")]
         return cls(
             base_url=base_url,
@@ -165,13 +169,16 @@ class GenerationSettings:
             retry_failed=generation["retry_failed"],
             request_timeout_s=generation["request_timeout_s"],
             output_token_budget=output_token_budget,
-            usd_budget=usd_budget,
-            set_usd_budget=set_usd_budget,
+            dollar_budget=dollar_budget,
             expected_request_usd=max_request_usd(kept, generation["max_tokens"]),
             prompt_usd_per_token=dearest_price(kept, "prompt"),
             stream=generation["stream"],
             return_token_ids=generation["return_token_ids"],
             emulated=emulated,
+            source=source,
+            paid=source == "openrouter",
+            server_name=server_name,
+            extra_request_fields=dict(extra_request_fields or {}),
         )
 
     def __post_init__(self) -> None:
@@ -226,15 +233,10 @@ class ApiSettings:
     target_path: str
 
     @classmethod
-    def from_params(cls, request: dict[str, Any], operational: dict[str, Any]) -> ApiSettings:
-        """From `request_params` and `operational_params` as a generate job receives them."""
-        fields = ("key_file", "key_file_env", "target_path")
-        return cls(
-            model=request["model"],
-            base_url=request["base_url"],
-            emulator_text_like=request["emulator_text_like"],
-            **{key: operational[key] for key in fields},
-        )
+    def from_params(cls, params: Mapping[str, Any]) -> ApiSettings:
+        """From the providers rule's params, or a generate job's `request_params` and generation_settings
+        file together: each holds these fields under these names."""
+        return cls(**{f.name: params[f.name] for f in fields(cls)})
 
     @property
     def local(self) -> bool:

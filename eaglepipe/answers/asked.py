@@ -1,15 +1,22 @@
-"""The synchronous entry point of the generate rule: a prompt set in, `responses.jsonl` out or one line
-saying how far it got. The journal is always saved first, so a failed job loses nothing paid for."""
+"""A set asked of a server, bought or the team's own engine: the same client, journal, resume, concurrency,
+output-token budget and progress line. A prompt set in, `responses.jsonl` out or one line saying how far it
+got; the journal is always saved first, so a failed job loses nothing paid for."""
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from eaglepipe.answers.job import AnswersJob
 from eaglepipe.io import write_json
 from eaglepipe.openrouter.client import GenerationSettings, GenerationSummary, UsabilityProbe, generate_set
 from eaglepipe.openrouter.dollars import DollarBudget
@@ -19,6 +26,7 @@ from eaglepipe.openrouter.secrets import ApiKey
 from eaglepipe.processes import JobStopped
 from eaglepipe.prompts.records import read_prompt_set
 from eaglepipe.responses import write_responses
+from eaglepipe.tokens.probe import usability_probe
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +43,54 @@ ADVICE = {
 }
 
 
+@dataclass(frozen=True, kw_only=True)
+class AskedSet:
+    """What a set asked of a server runs with besides its source: the rule's answer-shaping `request` param,
+    the run's generation_settings file (how jobs run: an ancient input, so changing it reruns no finished
+    set), the journal and the ledger its spending is booked in."""
+
+    fingerprint: str
+    request: dict[str, Any]
+    operational: dict[str, Any]
+    journal: Path
+    ledger: Path
+    max_failed_fraction: float
+
+    @classmethod
+    def from_rule(cls, params: Mapping[str, Any]) -> AskedSet:
+        settings_path = Path(params["settings"])
+        if not settings_path.is_file():
+            raise OpenRouterError(
+                f"{settings_path} is missing (a set answered before it existed is rerun): write it with "
+                "`.venv/bin/snakemake generation_settings`, then rerun"
+            )
+        return cls(
+            fingerprint=params["fingerprint"],
+            request=params["request"],
+            operational=json.loads(settings_path.read_text()),
+            journal=Path(params["journal"]),
+            ledger=Path(params["ledger"]),
+            max_failed_fraction=params["max_failed_fraction"],
+        )
+
+    @property
+    def generation(self) -> dict[str, Any]:
+        """The `generation` section: what shapes the answers, and how the job runs."""
+        return {**self.request["generation"], **self.operational["generation"]}
+
+    @property
+    def target_path(self) -> Path:
+        return Path(self.operational["target_path"])
+
+
+@contextmanager
+def probe_loading(target_dir: Path | None) -> Iterator[Future]:
+    """The usability probe, loading in a thread from the start of the block: its tokenizer takes seconds,
+    as does the server the job starts meanwhile, and neither needs the other."""
+    with ThreadPoolExecutor(max_workers=1) as loader:
+        yield loader.submit(lambda: usability_probe(target_dir) if target_dir else None)
+
+
 def generate_responses(
     prompts_path: Path,
     out_path: Path,
@@ -45,14 +101,13 @@ def generate_responses(
     settings: GenerationSettings,
     api_key: ApiKey | None,
     probe: UsabilityProbe | None = None,
-    dollars: DollarBudget | None = None,
-    budget_key: Any = None,
 ) -> GenerationSummary:
     """Generate what the journal lacks, write the summary, then either write `responses.jsonl` (in prompt
     order, atomically) or raise, leaving it unwritten so Snakemake sees the job failed. `ledger_dir` is the
-    run-wide ledger this set's spending is booked in, as `dataset`; `dollars`, the budget it ran under,
-    says whether a set its share of budget.usd stopped is complete for now. Both it and the rule's
-    `budget_key` are recorded in the summary (eaglepipe/openrouter/dollars.py reads them back)."""
+    run-wide ledger this set's spending is booked in, as `dataset`; `settings.dollar_budget`, the budget it
+    ran under, says whether a set its share of budget.usd stopped is complete for now, and is recorded in
+    the summary (eaglepipe/openrouter/dollars.py reads it back)."""
+    dollars = settings.dollar_budget
     prompts = read_prompt_set(prompts_path)
     run_set = functools.partial(
         generate_set,
@@ -69,7 +124,6 @@ def generate_responses(
     except KeyboardInterrupt:  # the journal closed with every answer received so far: a rerun resumes
         raise JobStopped(f"{len(load_done(journal_dir, settings.fingerprint))} answers kept") from None
     summary.dollar_budget = dollars.to_param() if dollars else None
-    summary.budget_key = budget_key
     summary.fingerprint = settings.fingerprint
     summary.output_token_budget = settings.output_token_budget
     if _partial_for_now(summary, dollars):
@@ -110,4 +164,18 @@ def _partial_for_now(summary: GenerationSummary, dollars: DollarBudget | None) -
         and dollars.partial_when_spent
         and summary.done > 0
         and summary.unresolved == 0
+    )
+
+
+def ask_server(
+    job: AnswersJob,
+    asked: AskedSet,
+    settings: GenerationSettings,
+    api_key: ApiKey | None,
+    probe: UsabilityProbe | None,
+) -> GenerationSummary:
+    """`generate_responses` for a job, with its set's journal and ledger."""
+    return generate_responses(
+        job.prompts, job.responses, job.summary, asked.journal, asked.ledger, job.dataset, settings, api_key,
+        probe,
     )

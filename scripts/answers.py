@@ -1,0 +1,17 @@
+"""Snakemake adapter: one prompt set's answers, from the source its rule names (resumes from its journal)."""
+
+from eaglepipe.answers.stage import answer_set, answers_job
+from eaglepipe.jobs import snakemake_job
+
+with snakemake_job(snakemake):
+    answer_set(
+        answers_job(
+            snakemake.params.source,
+            dataset=snakemake.wildcards.ds,
+            input=dict(snakemake.input.items()),
+            output=dict(snakemake.output.items()),
+            params=dict(snakemake.params.items()),
+            log=dict(snakemake.log.items()),
+            threads=snakemake.threads,
+        )
+    )
