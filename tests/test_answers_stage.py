@@ -27,7 +27,10 @@ rule answers:
 def snakemake(folder: Path, *args: str) -> str:
     run = subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "1", "--rerun-triggers", "params", *args],
-        cwd=folder, capture_output=True, text=True, timeout=120,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout + run.stderr
