@@ -8,12 +8,13 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import yaml
 from jsonschema.protocols import Validator
 
+from eaglepipe.config_types import Config
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.layout import RunLayout
 
@@ -120,8 +121,9 @@ def _spells_wanted_type(error: jsonschema.ValidationError) -> bool:
     return jsonschema.Draft202012Validator({"type": error.validator_value}).is_valid(parsed)
 
 
-def validate_config(config: dict[str, Any], schema_path: Path) -> dict[str, Any]:
-    """Validate in place (defaults filled) and check what the schema cannot express."""
+def validate_config(config: dict[str, Any], schema_path: Path) -> Config:
+    """Validate in place (defaults filled) and check what the schema cannot express; a user's config is any
+    mapping until the schema has passed it, then the `Config` its defaults make it."""
     schema = yaml.safe_load(schema_path.read_text())
     while True:
         errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: len(list(e.absolute_path)))
@@ -134,24 +136,24 @@ def validate_config(config: dict[str, Any], schema_path: Path) -> dict[str, Any]
         raise ConfigError(
             f"config key 'sources' has no entry for prompt set {missing[0]!r} listed in 'datasets'"
         )
-    return config
+    return cast(Config, config)
 
 
-def is_local_api(config: dict[str, Any]) -> bool:
+def is_local_api(config: Config) -> bool:
     return config["api"]["base_url"] == "local"
 
 
 ANSWER_SOURCES = ("openrouter", "engine", "import")
 
 
-def answer_source(config: dict[str, Any], dataset: str) -> str:
+def answer_source(config: Config, dataset: str) -> str:
     """Where the set's answers come from: its entry in `answers.sets`, else the run-wide `answers.source`."""
     answers = config["answers"]
     entry = answers["sets"].get(dataset)
     return str(entry["source"]) if entry else str(answers["source"])
 
 
-def sets_answered_by(config: dict[str, Any], source: str, datasets: list[str]) -> list[str]:
+def sets_answered_by(config: Config, source: str, datasets: list[str]) -> list[str]:
     """The sets of `datasets` whose answers come from `source` (one of ANSWER_SOURCES), in order."""
     return [ds for ds in datasets if answer_source(config, ds) == source]
 

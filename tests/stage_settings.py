@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from eaglepipe.config import validate_config
+from eaglepipe.config_types import Config
 from eaglepipe.drafter.evaluate import EvalSettings
 from eaglepipe.drafter.train import TrainSettings
 from eaglepipe.hidden.extract import HiddenSettings
@@ -40,16 +42,18 @@ CPU_EVALUATION = {"device": "cpu", "dtype": "float32", "max_new_tokens": 128}
 CPU_HIDDEN = {"device": "cpu"}
 
 
-def default_config(**sections: Any) -> dict[str, Any]:
+def default_config(**sections: Any) -> Config:
     """The minimal config, defaults filled, with whole `sections` given (e.g. `api={"model": ...}`)."""
     return validate_config({**copy.deepcopy(MINIMAL_CONFIG), **sections}, SCHEMA)
 
 
-def section(name: str, **overrides: Any) -> dict[str, Any]:
-    """The validated config's `name` section, defaults filled, with `overrides` (validated too)."""
+def section(name: str, **overrides: Any) -> Any:
+    """The validated config's `name` section, defaults filled, with `overrides` (validated too): the section's
+    own TypedDict, which a name known only at run time cannot give the type checker."""
     config = copy.deepcopy(MINIMAL_CONFIG)
     config[name] = overrides
-    return validate_config(config, SCHEMA)[name]
+    validated: Mapping[str, Any] = validate_config(config, SCHEMA)
+    return validated[name]
 
 
 def token_settings(*, pins: dict[str, ProviderPin] | None = None, **overrides: Any) -> TokenSettings:

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eaglepipe"
 # below them), then the stages in pipeline order (the emulator is generation's stand-in API; answers from
 # elsewhere reuse generation's readers), then what looks over the whole run.
 LAYERS = [
-    ["eaglepipe.errors"],
+    ["eaglepipe.errors", "eaglepipe.config_types"],  # the config's shape, below everything that reads it
     ["eaglepipe.layout"],  # below the config, which reads targets back through it
     ["eaglepipe", "eaglepipe.io", "eaglepipe.progress", "eaglepipe.config", "eaglepipe.processes"],
     ["eaglepipe.envs"],

@@ -23,6 +23,7 @@ from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.secrets import ApiKey
+from eaglepipe.openrouter.settings import OperationalParams
 from eaglepipe.processes import JobStopped
 from eaglepipe.prompts.records import read_prompt_set
 from eaglepipe.responses import write_responses
@@ -45,13 +46,12 @@ ADVICE = {
 
 @dataclass(frozen=True, kw_only=True)
 class AskedSet:
-    """What a set asked of a server runs with besides its source: the rule's answer-shaping `request` param,
-    the run's generation_settings file (how jobs run: an ancient input, so changing it reruns no finished
-    set), the journal and the ledger its spending is booked in."""
+    """What a set asked of a server runs with besides its source's own request: the run's generation_settings
+    file (how jobs run: an ancient input, so changing it reruns no finished set), the journal and the ledger
+    its spending is booked in."""
 
     fingerprint: str
-    request: dict[str, Any]
-    operational: dict[str, Any]
+    operational: OperationalParams
     journal: Path
     ledger: Path
     max_failed_fraction: float
@@ -66,17 +66,11 @@ class AskedSet:
             )
         return cls(
             fingerprint=params["fingerprint"],
-            request=params["request"],
             operational=json.loads(settings_path.read_text()),
             journal=Path(params["journal"]),
             ledger=Path(params["ledger"]),
             max_failed_fraction=params["max_failed_fraction"],
         )
-
-    @property
-    def generation(self) -> dict[str, Any]:
-        """The `generation` section: what shapes the answers, and how the job runs."""
-        return {**self.request["generation"], **self.operational["generation"]}
 
     @property
     def target_path(self) -> Path:

@@ -17,7 +17,7 @@ from eaglepipe.openrouter.connection import api_connection, routing_policy
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import provider_request
-from eaglepipe.openrouter.settings import ApiSettings, GenerationSettings
+from eaglepipe.openrouter.settings import ApiSettings, GenerationSettings, JobGeneration, RequestParams
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True)
 class BoughtAnswers:
     asked: AskedSet
+    request: RequestParams
     api: ApiSettings
     providers: Path
     dollar_budget: DollarBudget
@@ -36,10 +37,11 @@ class BoughtAnswers:
     def from_rule(
         cls, input: Mapping[str, Any], params: Mapping[str, Any], log: Mapping[str, Any], threads: int
     ) -> BoughtAnswers:
-        asked = AskedSet.from_rule(params)
+        asked, request = AskedSet.from_rule(params), params["request"]
         return cls(
             asked=asked,
-            api=ApiSettings.from_params({**asked.request, **asked.operational}),
+            request=request,
+            api=ApiSettings.from_params({**request, **asked.operational}),
             providers=Path(input["providers"]),
             dollar_budget=DollarBudget.from_param(params["dollar_budget"]),
             emulator_log=Path(log["emulator"]) if "emulator" in log else None,
@@ -47,14 +49,15 @@ class BoughtAnswers:
         )
 
     def answer(self, job: AnswersJob) -> None:
-        api, asked, gen = self.api, self.asked, self.asked.generation
+        api, asked = self.api, self.asked
+        gen: JobGeneration = {**self.request["generation"], **asked.operational["generation"]}
         providers = json.loads(self.providers.read_text())
         if providers.get("model") != api.model:
             raise OpenRouterError(
                 f"{self.providers} lists endpoints of {providers.get('model')!r}, not of "
                 f"{api.model!r}: refresh it with `.venv/bin/snakemake --forcerun providers`"
             )
-        policy = routing_policy(asked.request["routing"], gen["max_tokens"])
+        policy = routing_policy(self.request["routing"], gen["max_tokens"])
         with (
             probe_loading(Path(api.target_path) if gen["probe_answers"] else None) as probe,
             # One batch can hold every request in flight, as a real provider's engine would.

@@ -26,8 +26,9 @@ import httpx
 from eaglepipe.answers.asked import AskedSet, ask_server, probe_loading
 from eaglepipe.answers.job import AnswersJob
 from eaglepipe.config import section_fields
+from eaglepipe.config_types import EngineSection
 from eaglepipe.errors import EaglepipeError
-from eaglepipe.openrouter.settings import GenerationSettings
+from eaglepipe.openrouter.settings import EngineRequestParams, GenerationSettings
 from eaglepipe.processes import die_with_parent, last_log_line, stop_process_group
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class EngineSettings:
     start_timeout_s: float
 
     @classmethod
-    def from_section(cls, section: dict[str, Any]) -> EngineSettings:
+    def from_section(cls, section: EngineSection) -> EngineSettings:
         fields = section_fields(cls, section)
         return cls(**{**fields, "args": tuple(fields["args"])})
 
@@ -133,6 +134,7 @@ class EngineAnswers:
     no key, no dollars, no routing."""
 
     asked: AskedSet
+    request: EngineRequestParams
     engine: EngineSettings
     engine_log: Path
 
@@ -140,24 +142,24 @@ class EngineAnswers:
     def from_rule(
         cls, input: Mapping[str, Any], params: Mapping[str, Any], log: Mapping[str, Any], threads: int
     ) -> EngineAnswers:
-        asked = AskedSet.from_rule(params)
+        asked, request = AskedSet.from_rule(params), params["request"]
         engine = EngineSettings.from_section(asked.operational["engine"])
-        if engine.server != asked.request["server"]:
+        if engine.server != request["server"]:
             raise EngineError(
                 f"{params['settings']} is for a {engine.server} engine, the rule asks "
-                f"{asked.request['server']}: rerun `.venv/bin/snakemake generation_settings`"
+                f"{request['server']}: rerun `.venv/bin/snakemake generation_settings`"
             )
-        return cls(asked=asked, engine=engine, engine_log=Path(log["engine"]))
+        return cls(asked=asked, request=request, engine=engine, engine_log=Path(log["engine"]))
 
     def answer(self, job: AnswersJob) -> None:
         asked, engine = self.asked, self.engine
-        generation = asked.generation
+        shaping, operations = self.request["generation"], asked.operational["generation"]
         with (
-            probe_loading(asked.target_path if generation["probe_answers"] else None) as probe,
+            probe_loading(asked.target_path if operations["probe_answers"] else None) as probe,
             running_engine(
                 engine,
                 target_path=str(asked.target_path),
-                served_name=asked.request["target"],
+                served_name=self.request["target"],
                 python=sys.executable,
                 log_path=self.engine_log,
             ) as server,
@@ -165,9 +167,9 @@ class EngineAnswers:
             log.info(
                 "%s: %s engine at %s serving %r", job.dataset, engine.server, server.base_url, server.model
             )
-            stream = generation["stream"] if server.dialect.stream is None else server.dialect.stream
+            stream = operations["stream"] if server.dialect.stream is None else server.dialect.stream
             settings = GenerationSettings.from_sections(
-                {**generation, "stream": stream, "return_token_ids": False, "logprobs": False},
+                {**shaping, **operations, "stream": stream, "return_token_ids": False, "logprobs": False},
                 model=server.model,
                 base_url=server.base_url,
                 fingerprint=asked.fingerprint,
@@ -187,7 +189,7 @@ class EngineAnswers:
             summary.done,
             summary.resumed,
             summary.truncated,
-            generation["max_tokens"],
+            shaping["max_tokens"],
             summary.completion_tokens,
             engine.server,
         )

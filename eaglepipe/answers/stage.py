@@ -11,6 +11,7 @@ from eaglepipe.answers.engine import EngineAnswers
 from eaglepipe.answers.imported import ImportedAnswers
 from eaglepipe.answers.job import AnswersJob, AnswerSource, Source
 from eaglepipe.io import write_json
+from eaglepipe.openrouter.settings import OperationalParams
 
 # How each source reads what its rule adds: (input, params, log, threads) -> the source.
 SOURCES: dict[
@@ -47,6 +48,6 @@ def answer_set(job: AnswersJob) -> None:
     job.source.answer(job)
 
 
-def write_generation_settings(out_path: Path, operational: dict[str, Any]) -> None:
+def write_generation_settings(out_path: Path, operational: OperationalParams) -> None:
     """The generation_settings rule: how the asked sets' jobs run (`operational_params`)."""
     write_json(out_path, operational)

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from eaglepipe.config import is_local_api, sets_answered_by
+from eaglepipe.config_types import Config, RoutingSection
 from eaglepipe.io import write_json
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers
@@ -19,7 +19,7 @@ from eaglepipe.openrouter.settings import ApiSettings
 log = logging.getLogger(__name__)
 
 
-def routing_policy(routing: dict[str, Any], max_tokens: int) -> RoutingPolicy:
+def routing_policy(routing: RoutingSection, max_tokens: int) -> RoutingPolicy:
     """The validated `routing` section as a policy; an empty allowlist means "no allowlist"."""
     return RoutingPolicy.from_config({**routing, "only": routing["only"] or None, "max_tokens": max_tokens})
 
@@ -61,7 +61,7 @@ def write_providers(
     log.info("%s: kept %s", out_path, [e["tag"] for e in providers["kept"]])
 
 
-def check_key_for_pending_sets(config: dict[str, Any], datasets: list[str], layout: RunLayout) -> None:
+def check_key_for_pending_sets(config: Config, datasets: list[str], layout: RunLayout) -> None:
     """`onstart`: fail before any job when a set still needs bought answers and there is no usable key."""
     if is_local_api(config):
         return

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.config_types import Config
+
 POLICIES = ("share", "in_order")
 # How a set ends when the dollars did not stop it: its answers do not depend on budget.usd.
 ENDED_REGARDLESS_OF_DOLLARS = ("all_done", "token_budget")
@@ -56,7 +58,7 @@ class DollarBudget:
         return cls(policy=param["policy"], run_usd=float(param["run_usd"]), set_usd=param["set_usd"])
 
 
-def planned_budget(config: dict[str, Any], bought_sets: list[str]) -> DollarBudget:
+def planned_budget(config: Config, bought_sets: list[str]) -> DollarBudget:
     """The budget every bought set runs under now (budget.usd split over `bought_sets` under `share`)."""
     budget = config["budget"]
     usd = float(budget["usd"])
@@ -65,7 +67,7 @@ def planned_budget(config: dict[str, Any], bought_sets: list[str]) -> DollarBudg
 
 
 def dollar_budget_param(
-    config: dict[str, Any],
+    config: Config,
     bought_sets: list[str],
     summary_path: Path,
     responses_path: Path,
@@ -79,7 +81,7 @@ def dollar_budget_param(
 
 
 def _key(
-    config: dict[str, Any], bought_sets: list[str], summary: dict[str, Any] | None, reruns_for: dict[str, Any]
+    config: Config, bought_sets: list[str], summary: dict[str, Any] | None, reruns_for: dict[str, Any]
 ) -> Any:
     planned = planned_budget(config, bought_sets)
     if summary is None or any(summary.get(key) != value for key, value in reruns_for.items()):
@@ -99,7 +101,7 @@ def _ran_under(summary: dict[str, Any]) -> Any:
 
 
 def buys_more_on_rerun(
-    config: dict[str, Any], bought_sets: list[str], summary_path: Path, responses_path: Path
+    config: Config, bought_sets: list[str], summary_path: Path, responses_path: Path
 ) -> bool:
     """Whether a set its share stopped will rerun and buy more (budget.usd raised since)."""
     summary = _summary(summary_path) if responses_path.is_file() else None

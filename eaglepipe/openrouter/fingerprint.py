@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
+
+from eaglepipe.config_types import Config
 
 FINGERPRINT_HEX_CHARS = 16
 
@@ -12,7 +15,8 @@ FINGERPRINT_HEX_CHARS = 16
 def request_fingerprint(
     model: str,
     base_url: str,
-    provider_obj: dict[str, Any] | None,
+    # Hashed as JSON: the routing section or the request's provider object.
+    provider_obj: Mapping[str, Any] | None,
     sampling: dict[str, Any],
     max_tokens: int,
     reasoning: dict[str, Any] | None,
@@ -42,7 +46,7 @@ def request_fingerprint(
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 
-def config_fingerprint(config: dict[str, Any]) -> str:
+def config_fingerprint(config: Config) -> str:
     """The fingerprint of the requests a validated config sends (the generate rule's param)."""
     gen = config["generation"]
     return request_fingerprint(
@@ -61,7 +65,7 @@ def config_fingerprint(config: dict[str, Any]) -> str:
     )
 
 
-def engine_fingerprint(config: dict[str, Any]) -> str:
+def engine_fingerprint(config: Config) -> str:
     """The fingerprint of an engine set's requests: the target and the engine serving it, not the URL
     (a started server's port changes every run) nor the routing (an engine has none)."""
     gen = config["generation"]

@@ -9,31 +9,81 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
+from eaglepipe.config_types import Config, EngineSection, RoutingSection
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import dearest_price
 
-# `generation` keys that change how a job runs, not what it asks: they reach the job through the
-# generation_settings file, so changing one reruns no finished set. The other keys shape the answers (they
-# are in the request fingerprint) and are the generate rule's own params.
-OPERATIONAL_KEYS = (
-    "concurrency",
-    "max_attempts",
-    "retry_failed",
-    "request_timeout_s",
-    "stream",
-    "probe_answers",
-    "breaker_strikes",
-    "breaker_share",
-)
-# The generate rule's params, besides the budgets and the fingerprint (the spend plan reads
-# expected_completion_tokens from the config itself).
-REQUEST_KEYS = ("max_tokens", "temperature", "top_p", "seed", "reasoning", "return_token_ids", "logprobs")
+
+class EngineShaping(TypedDict):
+    """The `generation` keys that shape an engine set's answers (token ids are always asked of an engine)."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    reasoning: dict[str, Any] | None
 
 
-def request_params(config: dict[str, Any]) -> dict[str, Any]:
+class AnswerShaping(EngineShaping):
+    """The `generation` keys that shape a bought set's answers: in its request fingerprint, so a change reruns
+    it (the spend plan reads expected_completion_tokens from the config itself)."""
+
+    return_token_ids: bool
+    logprobs: bool
+
+
+class OperationalGeneration(TypedDict):
+    """The `generation` keys that change how a job runs, not what it asks: they reach the job through the
+    generation_settings file, so changing one reruns no finished set."""
+
+    concurrency: int
+    max_attempts: int
+    retry_failed: bool
+    request_timeout_s: float
+    stream: bool
+    probe_answers: int
+    breaker_strikes: int
+    breaker_share: float
+
+
+class JobGeneration(AnswerShaping, OperationalGeneration):
+    """What a job that asks a server runs with: the rule's shaping and the settings file's operations."""
+
+
+class RequestParams(TypedDict):
+    """The generate rule's `request` param."""
+
+    model: str
+    base_url: str
+    emulator_text_like: str
+    routing: RoutingSection
+    generation: AnswerShaping
+
+
+class EngineRequestParams(TypedDict):
+    """The generate_engine rule's `request` param."""
+
+    server: str
+    target: str
+    generation: EngineShaping
+
+
+class OperationalParams(TypedDict):
+    """The generation_settings rule's param, and the file it writes."""
+
+    engine: EngineSection
+    key_file: str | None
+    key_file_env: str
+    target_path: str
+    generation: OperationalGeneration
+
+
+# A param's value is compared by its repr: the keys below keep the order they always had, so that a finished
+# set does not rerun for a reordering.
+def request_params(config: Config) -> RequestParams:
     """What shapes the answers, as the generate rule's param (a change also changes its fingerprint)."""
     api = config["api"]
     return {
@@ -41,31 +91,54 @@ def request_params(config: dict[str, Any]) -> dict[str, Any]:
         "base_url": api["base_url"],
         "emulator_text_like": api["emulator_text_like"],
         "routing": config["routing"],
-        "generation": {key: config["generation"][key] for key in REQUEST_KEYS},
+        "generation": {
+            **_engine_shaping(config),
+            "return_token_ids": config["generation"]["return_token_ids"],
+            "logprobs": config["generation"]["logprobs"],
+        },
     }
 
 
-def engine_request_params(config: dict[str, Any]) -> dict[str, Any]:
+def engine_request_params(config: Config) -> EngineRequestParams:
     """What shapes an engine set's answers, as the generate_engine rule's param: the engine and the target it
     serves, and the sampling (token ids are always asked for, so those options do not apply)."""
     return {
         "server": config["engine"]["server"],
         "target": config["target"]["name"],
-        "generation": {key: config["generation"][key] for key in ("max_tokens", "temperature", "top_p",
-                                                                  "seed", "reasoning")},
+        "generation": _engine_shaping(config),
     }
 
 
-def operational_params(config: dict[str, Any]) -> dict[str, Any]:
+def _engine_shaping(config: Config) -> EngineShaping:
+    generation = config["generation"]
+    return {
+        "max_tokens": generation["max_tokens"],
+        "temperature": generation["temperature"],
+        "top_p": generation["top_p"],
+        "seed": generation["seed"],
+        "reasoning": generation["reasoning"],
+    }
+
+
+def operational_params(config: Config) -> OperationalParams:
     """How a generation job runs and reaches its server, as the generation_settings rule's param (an engine
     set's server included: where it runs, or how the job starts one)."""
-    api = config["api"]
+    api, generation = config["api"], config["generation"]
     return {
         "engine": config["engine"],
         "key_file": api["key_file"],
         "key_file_env": api["key_file_env"],
         "target_path": config["target"]["path"],
-        "generation": {key: config["generation"][key] for key in OPERATIONAL_KEYS},
+        "generation": {
+            "concurrency": generation["concurrency"],
+            "max_attempts": generation["max_attempts"],
+            "retry_failed": generation["retry_failed"],
+            "request_timeout_s": generation["request_timeout_s"],
+            "stream": generation["stream"],
+            "probe_answers": generation["probe_answers"],
+            "breaker_strikes": generation["breaker_strikes"],
+            "breaker_share": generation["breaker_share"],
+        },
     }
 
 
@@ -129,7 +202,7 @@ class GenerationSettings:
     @classmethod
     def from_sections(
         cls,
-        generation: dict[str, Any],
+        generation: JobGeneration,
         *,
         model: str,
         base_url: str,
@@ -154,7 +227,11 @@ class GenerationSettings:
             model=model,
             fingerprint=fingerprint,
             max_tokens=generation["max_tokens"],
-            sampling={key: generation[key] for key in ("temperature", "top_p", "seed")},
+            sampling={
+                "temperature": generation["temperature"],
+                "top_p": generation["top_p"],
+                "seed": generation["seed"],
+            },
             provider_obj=provider_obj,
             allowed_providers=tuple(sorted({e["provider_name"] for e in named})),
             endpoint_tags=tuple((e["provider_name"], e["tag"]) for e in named),

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import yaml
 
 from eaglepipe.config import is_local_api, sets_answered_by
+from eaglepipe.config_types import Config
 from eaglepipe.layout import RunLayout, RunPath
 from eaglepipe.plan.estimate import spend_plan
 from eaglepipe.plan.table import format_plan
@@ -127,7 +128,7 @@ def command_line_args(argv: list[str]) -> Any:
 
 
 def print_spend_plan(
-    config: dict[str, Any],
+    config: Config,
     datasets: list[str],
     fingerprint: str,
     *,
@@ -157,7 +158,7 @@ def print_spend_plan(
         print(text, file=stream)
 
 
-def key_file_problem(config: dict[str, Any], layout: RunLayout) -> str | None:
+def key_file_problem(config: Config, layout: RunLayout) -> str | None:
     """A real run would stop before buying when sets are still to buy and the key file is missing or empty:
     a dry run says so too. The file is looked at, never read (the plan reads no key)."""
     if is_local_api(config):

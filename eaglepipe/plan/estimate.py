@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglepipe.config import answer_source, is_local_api, sets_answered_by
+from eaglepipe.config_types import Config, HfSource, HiddenSection, JsonlSource, TargetSection
 from eaglepipe.hidden.storage import bytes_per_token, capped_tokens
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
@@ -57,7 +58,7 @@ class InputTokens:
 
 
 def spend_plan(
-    config: dict[str, Any],
+    config: Config,
     datasets: list[str],
     fingerprint: str,
     *,
@@ -157,7 +158,7 @@ def dearest_prices(providers_path: Path, model: str) -> Prices | None:
     )
 
 
-def configured_prices(config: dict[str, Any]) -> Prices | None:
+def configured_prices(config: Config) -> Prices | None:
     """`budget.price_per_m_tokens`, for planning before providers.json was ever fetched."""
     price = config["budget"].get("price_per_m_tokens")
     if not price:
@@ -173,7 +174,7 @@ def target_hidden_size(target_dir: Path) -> int | None:
     return None if architecture is None else architecture.hidden_size
 
 
-def target_geometry(target: dict[str, Any]) -> tuple[TargetArchitecture | None, str]:
+def target_geometry(target: TargetSection) -> tuple[TargetArchitecture | None, str]:
     """The target's shapes and where they come from: its own config.json once it is at `target.path`,
     before that the published copy the package keeps for `target.name`; (None, "") without either."""
     own = target_architecture(Path(target["path"]))
@@ -258,7 +259,7 @@ def _covered(item: SetPlan, reach_usd: float) -> SetPlan:
     )
 
 
-def _with_hidden_tokens(item: SetPlan, hidden: dict[str, Any], bytes_per_token: int | None) -> SetPlan:
+def _with_hidden_tokens(item: SetPlan, hidden: HiddenSection, bytes_per_token: int | None) -> SetPlan:
     """The tokens (and shard bytes) its hidden states will hold, at what is bought, under the caps."""
     if item.status == "done" or item.todo_tokens is None or item.todo_samples is None:
         return item
@@ -278,7 +279,7 @@ def _sum_known(values: Iterable[int | None]) -> int | None:
 
 
 def _plan_set(
-    config: dict[str, Any],
+    config: Config,
     ds: str,
     layout: RunLayout,
     fingerprint: str,
@@ -354,17 +355,15 @@ def _plan_set(
     )
 
 
-def _source_size(source: dict[str, Any]) -> int | None:
-    """How many prompts a source will give: its `sample`, at most a local file's non-empty lines."""
-    sample = source.get("sample")
-    if source["type"] != "jsonl":
-        return sample
+def _source_size(source: JsonlSource | HfSource) -> int | None:
+    """How many prompts a source will give: a dataset's `sample`, a local file's non-empty lines."""
+    if source["type"] == "hf":
+        return source.get("sample")
     try:
         with open(source["path"], encoding="utf-8") as handle:
-            lines = sum(1 for line in handle if line.strip())
+            return sum(1 for line in handle if line.strip())
     except OSError:
-        return sample
-    return lines if sample is None else min(lines, sample)
+        return None
 
 
 def per_answer_estimate(
@@ -398,7 +397,7 @@ def _generated_tokens(layout: RunLayout, ds: str, max_tokens: int) -> tuple[int,
     return sum(_record_tokens(record, max_tokens) for record in records), len(records)
 
 
-def _trained_tokens(config: dict[str, Any], layout: RunLayout, ds: str) -> int | None:
+def _trained_tokens(config: Config, layout: RunLayout, ds: str) -> int | None:
     """A finished set's tokens in its hidden states, for training's hours; unknown where its files cannot
     say (the plan of the other sets must not depend on them)."""
     try:
@@ -409,7 +408,7 @@ def _trained_tokens(config: dict[str, Any], layout: RunLayout, ds: str) -> int |
     return capped_tokens(tokens, samples, max_samples=caps["max_samples"], max_tokens=caps["max_tokens"])
 
 
-def _caps(hidden: dict[str, Any]) -> str:
+def _caps(hidden: HiddenSection) -> str:
     caps = []
     if hidden["max_samples"] is not None:
         caps.append(f"{hidden['max_samples']:,} samples (hidden.max_samples)")

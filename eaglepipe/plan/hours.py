@@ -9,8 +9,8 @@ attention's quadratic term is left out (a few percent at a few thousand tokens p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from eaglepipe.config_types import Config, DrafterSection
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
 
 
@@ -38,7 +38,7 @@ class Hours:
 
 
 def plan_hours(
-    config: dict[str, Any],
+    config: Config,
     architecture: TargetArchitecture | None,
     geometry_source: str,
     weights_bytes: int | None,
@@ -119,7 +119,7 @@ def _attention_parameters(target: TargetArchitecture) -> int:
     return 2 * hidden * heads * head_dim + 2 * hidden * target.num_key_value_heads * head_dim
 
 
-def drafter_parameters(target: TargetArchitecture, drafter: dict[str, Any]) -> int:
+def drafter_parameters(target: TargetArchitecture, drafter: DrafterSection) -> int:
     """The EAGLE-3 draft layer as eaglepipe.drafter.model builds it: the fc over the three auxiliary
     states, one decoder layer reading 2H (embedding and state), and the LM head over the draft vocabulary."""
     hidden, heads, kv_heads = target.hidden_size, target.num_attention_heads, target.num_key_value_heads

@@ -8,12 +8,13 @@ from typing import Any
 
 from eaglepipe.answers.job import Source
 from eaglepipe.answers.stage import answer_set, answers_job, write_generation_settings
+from eaglepipe.config_types import Config
 from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.settings import engine_request_params, operational_params
 
 
 def answer_engine_set(
-    config: dict[str, Any],
+    config: Config,
     prompts: Path,
     folder: Path,
     *,
