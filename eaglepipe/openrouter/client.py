@@ -36,7 +36,13 @@ from eaglepipe.openrouter.admission import Admission
 from eaglepipe.openrouter.admission import prompt_tokens_bound as prompt_tokens_bound
 from eaglepipe.openrouter.answer_transport import ChatRoute, answer_transport
 from eaglepipe.openrouter.appendlog import AppendLog
-from eaglepipe.openrouter.billing_api import KeyState, check_key, generation_contents, recover_generations
+from eaglepipe.openrouter.billing_api import (
+    KeyState,
+    PricedGeneration,
+    check_key,
+    generation_contents,
+    recover_generations,
+)
 from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
 from eaglepipe.openrouter.budget import REFIT_EVERY_S
 from eaglepipe.openrouter.console import ProgressLine, provider_table
@@ -49,7 +55,7 @@ from eaglepipe.openrouter.journal import (
     read_records,
     reusable,
 )
-from eaglepipe.openrouter.ledger import Heartbeat, RunLedger
+from eaglepipe.openrouter.ledger import Heartbeat, RunLedger, StartedLine
 from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
@@ -512,14 +518,14 @@ async def _recover(run: _Run, *, at_end: bool) -> list[ResponseRecord]:
 
 
 async def _stored_answers(
-    run: _Run, pending: list[dict[str, Any]], found: dict[str, dict[str, Any]]
+    run: _Run, pending: list[StartedLine], found: dict[str, PricedGeneration]
 ) -> dict[str, ResponseRecord]:
     """{generation id: journal record} for found requests whose prompt (of this set, asked under this
     fingerprint) has no answer yet and whose stored content is the whole answer; one per prompt, the first
     of its cut attempts that qualifies."""
     assert run.http is not None
     settings = run.settings
-    candidates: dict[str, list[dict[str, Any]]] = {}
+    candidates: dict[str, list[StartedLine]] = {}
     for record in pending:
         prompt_id = record["prompt_id"]
         if (
