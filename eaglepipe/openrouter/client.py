@@ -45,7 +45,7 @@ from eaglepipe.openrouter.billing_api import (
 )
 from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
 from eaglepipe.openrouter.budget import REFIT_EVERY_S
-from eaglepipe.openrouter.console import ProgressLine, provider_table
+from eaglepipe.openrouter.console import ProgressLine, ProviderRow, provider_table
 from eaglepipe.openrouter.errors import one_line
 from eaglepipe.openrouter.journal import (
     FailureRecord,
@@ -119,7 +119,7 @@ class GenerationSummary:
     # The first wave's concurrency when the key's limit_remaining held fewer requests' reservations.
     first_wave: int | None = None
     job_ledger_dollars: float = 0.0
-    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    providers: dict[str, ProviderRow] = field(default_factory=dict)
     # The circuit breaker: providers dropped (and why), strikes by provider, discards by foreign provider.
     breaker: dict[str, Any] = field(default_factory=dict)
     probed: dict[str, int] = field(default_factory=dict)
