@@ -23,7 +23,7 @@ import ssl
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import anyio
 import anyio.to_thread
@@ -89,6 +89,16 @@ class UsabilityProbe(Protocol):
         ...
 
 
+class FailureEntry(TypedDict):
+    """A prompt that failed, as the summary's `failures` lists it (`status`: the HTTP status, if any)."""
+
+    prompt_id: str
+    status: int | None
+    error: str
+    attempts: int
+    permanent: bool
+
+
 @dataclass
 class GenerationSummary:
     """Why the set ended and what it holds; token and dollar totals cover every done prompt, resumed ones
@@ -123,7 +133,7 @@ class GenerationSummary:
     # The circuit breaker: providers dropped (and why), strikes by provider, discards by foreign provider.
     breaker: dict[str, Any] = field(default_factory=dict)
     probed: dict[str, int] = field(default_factory=dict)
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[FailureEntry] = field(default_factory=list)
     emulated: bool = False
     max_tokens: int = 0
     # The dollars the set ran under, the rule's budget_key (eaglepipe/openrouter/dollars.py), and
