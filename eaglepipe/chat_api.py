@@ -52,6 +52,40 @@ class ReasoningConfig(TypedDict, total=False):
     exclude: bool
 
 
+class RequestMessage(TypedDict):
+    """A conversation turn as the request sends it (system, developer, user, assistant or tool)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: NotRequired[str | list[dict[str, Any]] | None]  # text, or content parts (text, image, ...)
+    name: NotRequired[str]
+    tool_calls: NotRequired[list[ToolCall]]
+    tool_call_id: NotRequired[str]
+    reasoning: NotRequired[str | None]
+
+
+class UsageRequest(TypedDict):
+    include: bool
+
+
+class ChatRequestBody(TypedDict):
+    """The `/chat/completions` request body, the fields this pipeline sends."""
+
+    model: str
+    messages: list[RequestMessage]
+    tools: NotRequired[list[dict[str, Any]]]  # JSON Schema inside: open by nature
+    max_tokens: NotRequired[int]
+    temperature: NotRequired[float]
+    top_p: NotRequired[float]
+    seed: NotRequired[int]
+    provider: NotRequired[ProviderPreferences]
+    reasoning: NotRequired[ReasoningConfig]
+    usage: NotRequired[UsageRequest]
+    stream: NotRequired[bool]
+    logprobs: NotRequired[bool]
+    top_logprobs: NotRequired[int]
+    return_token_ids: NotRequired[bool]  # vLLM's extension: the answer's (and prompt's) token ids
+
+
 # --- the answer --------------------------------------------------------------------------------------------
 
 
