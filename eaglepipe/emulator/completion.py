@@ -35,16 +35,6 @@ class FinishFields(TypedDict):
     native_finish_reason: str | None
 
 
-class AnswerHeader(TypedDict):
-    """The fields every answer body and chunk opens with."""
-
-    id: str
-    provider: str
-    model: str
-    object: str
-    created: int
-
-
 @dataclass
 class Completion:
     """One request's generation; its counts follow the endpoint's billing convention.
