@@ -148,7 +148,7 @@ class Endpoint:
 
     @property
     def status(self) -> int:
-        return self.public.get("status", 0)
+        return self.public["status"]
 
     def price(self, kind: str) -> float:
         """USD per token (or per request for `request`); 0 where the table names no price."""
