@@ -14,8 +14,9 @@ import math
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
+from eaglepipe.chat_api import GenerationRecord, KeyRecord
 from eaglepipe.emulator.completion import Completion
 from eaglepipe.emulator.errors import ApiError
 
@@ -28,6 +29,15 @@ def _is_usd_limit(value: Any) -> bool:
     return value is None or (
         isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf
     )
+
+
+class Limits(TypedDict):
+    """`POST /emulator/credit`'s answer (the emulator's own): the limits (USD, null for none), the usage."""
+
+    limit: float | None
+    key_limit: float | None
+    in_flight_budget: float | None
+    usage: float
 
 
 @dataclass
@@ -62,7 +72,7 @@ class Account:
     completion_tokens: int = 0
     # id -> (monotonic time from which `/generation` shows it, its record, its `/generation/content` data
     # or None where the account stores no content)
-    generations: OrderedDict[str, tuple[float, dict[str, Any], dict[str, Any] | None]] = field(
+    generations: OrderedDict[str, tuple[float, GenerationRecord, dict[str, Any] | None]] = field(
         default_factory=OrderedDict
     )
 
@@ -141,17 +151,17 @@ class Account:
         while len(self.generations) > KEPT_GENERATIONS:
             self.generations.popitem(last=False)
 
-    def generation(self, generation_id: str) -> dict[str, Any] | None:
+    def generation(self, generation_id: str) -> GenerationRecord | None:
         """The record, once `generation_delay_s` has passed since the generation ended (as on OpenRouter)."""
-        visible_from, record, _ = self.generations.get(generation_id, (math.inf, {}, None))
-        return record if time.monotonic() >= visible_from else None
+        kept = self.generations.get(generation_id)
+        return kept[1] if kept is not None and time.monotonic() >= kept[0] else None
 
     def content(self, generation_id: str) -> dict[str, Any] | None:
         """The stored prompt and answer text, visible when the record is; None where none is stored."""
-        visible_from, _, content = self.generations.get(generation_id, (math.inf, {}, None))
-        return content if time.monotonic() >= visible_from else None
+        kept = self.generations.get(generation_id)
+        return kept[2] if kept is not None and time.monotonic() >= kept[0] else None
 
-    def key_data(self) -> dict[str, Any]:
+    def key_data(self) -> KeyRecord:
         """`GET /key`'s data: the usage against the key's limit (the credit where it has none)."""
         used = self.usd_charged
         limit = self.key_limit if self.key_limit is not None else self.credit_limit
@@ -181,7 +191,7 @@ class Account:
             },
         }
 
-    def set_limits(self, body: Any) -> dict[str, Any]:
+    def set_limits(self, body: Any) -> Limits:
         """Change limits live from `{"limit"|"key_limit"|"in_flight_budget": USD or null}` (400 for
         anything else); the limits as they now are."""
         if not (

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from eaglepipe.chat_api import MessageFields, StreamDelta
+
 if TYPE_CHECKING:
     from eaglepipe.emulator.completion import Completion
     from eaglepipe.emulator.providers import Endpoint
@@ -92,16 +94,16 @@ class TokenText(PromptText, Protocol):
 class DeltaStream(Protocol):
     """A streamed answer's deltas (`delta` objects without `role`), released as its ids arrive."""
 
-    def push(self, ids: list[int]) -> list[dict[str, Any]]: ...
+    def push(self, ids: list[int]) -> list[StreamDelta]: ...
 
-    def flush(self) -> list[dict[str, Any]]: ...
+    def flush(self) -> list[StreamDelta]: ...
 
 
 class ReplyShape(Protocol):
     """What a provider makes of an answer's ids: the message's fields and the stream's deltas. Either may
     mark the completion as one that ends in tool calls (its finish reason then says so)."""
 
-    def message(self, completion: Completion) -> dict[str, Any]: ...
+    def message(self, completion: Completion) -> MessageFields: ...
 
     def deltas(self, completion: Completion, generation: GenerationRequest) -> DeltaStream: ...
 
@@ -118,10 +120,10 @@ class _TextDeltas:
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
 
-    def push(self, ids: list[int]) -> list[dict[str, Any]]:
+    def push(self, ids: list[int]) -> list[StreamDelta]:
         return [{"content": "".join([self.decoder.push(i) for i in ids])}]
 
-    def flush(self) -> list[dict[str, Any]]:
+    def flush(self) -> list[StreamDelta]:
         return [{"content": self.decoder.flush()}]
 
 
@@ -131,7 +133,7 @@ class TextReplies:
     def __init__(self, text: TokenText) -> None:
         self.text = text
 
-    def message(self, completion: Completion) -> dict[str, Any]:
+    def message(self, completion: Completion) -> MessageFields:
         return {"content": self.text.decode(completion.completion_ids)}
 
     def deltas(self, completion: Completion, generation: GenerationRequest) -> DeltaStream:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglepipe.emulator.errors import ApiError
 from eaglepipe.emulator.providers import FULL_PARAMETERS, Endpoint
@@ -83,6 +83,15 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return checked
 
 
+class Sampling(TypedDict):
+    """The sampling settings an endpoint applies (GenerationRequest's fields)."""
+
+    temperature: float
+    top_p: float
+    seed: int | None
+    top_logprobs: int | None
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     model: str
@@ -106,7 +115,7 @@ class ChatRequest:
         reasoning = self.reasoning or {}
         return reasoning.get("enabled") is not False and reasoning.get("effort") != "none"
 
-    def sampling_on(self, endpoint: Endpoint) -> dict[str, Any]:
+    def sampling_on(self, endpoint: Endpoint) -> Sampling:
         """The sampling settings this endpoint applies: a parameter it does not list is ignored."""
         return {
             "temperature": self.temperature if endpoint.supports("temperature") else 1.0,

@@ -7,14 +7,32 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
+from eaglepipe.chat_api import (
+    ChatCompletion,
+    Choice,
+    FinishReason,
+    GenerationRecord,
+    Logprobs,
+    MessageFields,
+    StreamChoice,
+    StreamDelta,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 from eaglepipe.emulator.backend import GeneratedToken
 from eaglepipe.emulator.providers import Endpoint
 
 
 def new_generation_id() -> str:
     return "gen-" + secrets.token_urlsafe(18)
+
+
+class FinishFields(TypedDict):
+    finish_reason: str | None
+    native_finish_reason: str | None
 
 
 @dataclass
@@ -72,7 +90,7 @@ class Completion:
         return [t.token_id for t in self.answer_tokens]
 
     @property
-    def finish_reason(self) -> str | None:
+    def finish_reason(self) -> FinishReason | None:
         if self.failed:
             return "error"
         if not self.complete and not self.stopped:
@@ -81,7 +99,7 @@ class Completion:
             return "length"
         return "tool_calls" if self.calls_tools else "stop"
 
-    def finish_fields(self, reason: str | None) -> dict[str, Any]:
+    def finish_fields(self, reason: str | None) -> FinishFields:
         """`finish_reason` and `native_finish_reason` as this answer's provider reports `reason`."""
         if reason is None or reason == "error" or self.finish_style == "said":
             return {"finish_reason": reason, "native_finish_reason": reason}
@@ -116,7 +134,7 @@ class Completion:
         completion = self.completion_tokens * self.endpoint.price("completion")
         return prompt, completion, prompt + completion + self.endpoint.price("request")
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> Usage:
         prompt_cost, completion_cost, cost = self.costs()
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -133,8 +151,8 @@ class Completion:
             },
         }
 
-    def header(self, obj: str) -> dict[str, Any]:
-        header = {
+    def header(self, obj: str) -> dict[str, str | int | None]:
+        header: dict[str, str | int | None] = {
             "id": self.id,
             "provider": self.endpoint.answer_name,
             "model": self.model_id,
@@ -145,17 +163,25 @@ class Completion:
         # none at all. The emulator has no fingerprint to give.
         return {**header, "system_fingerprint": None} if obj == "chat.completion" else header
 
-    def body(
-        self, message: dict[str, Any], logprobs: dict[str, Any] | None, with_token_ids: bool
-    ) -> dict[str, Any]:
+    def body(self, message: MessageFields, logprobs: Logprobs | None, with_token_ids: bool) -> ChatCompletion:
         """The non-streamed `/chat/completions` answer; `message` holds the assistant message's fields."""
-        choice: dict[str, Any] = {
+        choice: Choice = {
             "index": 0,
             "logprobs": logprobs,
             **self.finish_fields(self.finish_reason),
             "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None, **message},
         }
-        body = {**self.header("chat.completion"), "choices": [choice]}
+        # The header's fields, spelt out: as OpenRouter documents it, a whole answer always has a
+        # `system_fingerprint` (string or null).
+        body: ChatCompletion = {
+            "id": self.id,
+            "provider": self.endpoint.answer_name,
+            "model": self.model_id,
+            "object": "chat.completion",
+            "created": self.created,
+            "system_fingerprint": None,
+            "choices": [choice],
+        }
         if self.reports_usage:
             body["usage"] = self.usage()
         if with_token_ids:
@@ -165,15 +191,16 @@ class Completion:
 
     def chunk(
         self,
-        delta: dict[str, Any],
+        delta: StreamDelta,
         *,
         finish: bool = False,
-        logprobs: dict[str, Any] | None = None,
+        logprobs: Logprobs | None = None,
         token_ids: list[int] | None = None,
     ) -> dict[str, Any]:
         """One streamed chunk carrying `delta` (content, reasoning, tool-call fragments); `finish` marks the
-        last one."""
-        choice: dict[str, Any] = {
+        last one. A StreamChunk, left as a plain dict for the stream writer, which adds the prompt's ids
+        to the first."""
+        choice: StreamChoice = {
             "index": 0,
             "delta": {"role": "assistant", **delta},
             **self.finish_fields(self.finish_reason if finish else None),
@@ -211,7 +238,7 @@ class Completion:
         choices = [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}] if with_choices else []
         return {**self.header("chat.completion.chunk"), "error": error, "choices": choices}
 
-    def generation_record(self) -> dict[str, Any]:
+    def generation_record(self) -> GenerationRecord:
         """What `GET /generation?id=` answers, in its `data`."""
         _, _, cost = self.costs()
         elapsed_ms = (self.finished_s or 0.0) * 1000.0
@@ -265,14 +292,14 @@ class Completion:
 _NATIVE_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def logprobs_body(tokens: list[GeneratedToken], token_bytes: Callable[[int], bytes]) -> dict[str, Any]:
+def logprobs_body(tokens: list[GeneratedToken], token_bytes: Callable[[int], bytes]) -> Logprobs:
     """OpenAI's `logprobs` object: per answer token its text, UTF-8 bytes and alternatives."""
 
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> TopLogprob:
         raw = token_bytes(token_id)
         return {"token": raw.decode("utf-8", errors="replace"), "bytes": list(raw), "logprob": logprob}
 
-    content = [
+    content: list[TokenLogprob] = [
         {**entry(t.token_id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
         for t in tokens
         if t.logprob is not None

@@ -10,6 +10,7 @@ import secrets
 from dataclasses import replace
 from typing import Any
 
+from eaglepipe.chat_api import MessageFields, ReasoningDetail, StreamDelta, ToolCall, ToolCallDelta
 from eaglepipe.emulator.providers import ReplyHabits
 from eaglepipe.emulator.text_like import SECTION_BEGIN, SWITCHES, EngineReply, detokenize, engine_reply
 from eaglepipe.target.tokenizer import TargetTokenizer
@@ -51,7 +52,7 @@ def _call_id(habits: ReplyHabits, call: dict[str, Any], position: int) -> str:
     return call["id"]
 
 
-def _reasoning_detail(text: str) -> dict[str, Any]:
+def _reasoning_detail(text: str) -> ReasoningDetail:
     return {"type": "reasoning.text", "text": text, "format": "unknown", "index": 0}
 
 
@@ -59,46 +60,63 @@ def _pieces(text: str) -> list[str]:
     return [text[i : i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)]
 
 
-def reasoning_delta(piece: str, habits: ReplyHabits) -> dict[str, Any]:
-    delta: dict[str, Any] = {"content": "", "reasoning_details": [_reasoning_detail(piece)]}
+def reasoning_delta(piece: str, habits: ReplyHabits) -> StreamDelta:
+    delta: StreamDelta = {"content": "", "reasoning_details": [_reasoning_detail(piece)]}
     if habits.reasoning_field == "reasoning":
         delta["reasoning"] = piece
     return delta
 
 
-def call_deltas(position: int, call: dict[str, Any], habits: ReplyHabits) -> list[dict[str, Any]]:
+def call_deltas(position: int, call: ToolCall, habits: ReplyHabits) -> list[StreamDelta]:
     """One call's deltas: its id, type and name, then its arguments in pieces."""
     index = 0 if habits.tool_index == "zero" else position
     function = call["function"]
-    header = {"index": index, "id": call["id"], "type": "function"}
-    deltas = [{"tool_calls": [{**header, "function": {"name": function["name"], "arguments": ""}}]}]
+    opening: ToolCallDelta = {
+        "index": index,
+        "id": call["id"],
+        "type": "function",
+        "function": {"name": function["name"], "arguments": ""},
+    }
+    deltas: list[StreamDelta] = [{"tool_calls": [opening]}]
     return deltas + [
         {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
         for piece in _pieces(function["arguments"])
     ]
 
 
-def stream_deltas(reply: EngineReply, habits: ReplyHabits) -> list[dict[str, Any]]:
+def stream_deltas(reply: EngineReply, habits: ReplyHabits) -> list[StreamDelta]:
     """The reply as stream deltas: reasoning, then content, then each call (id and name, then its
     arguments in pieces)."""
     deltas = [reasoning_delta(piece, habits) for piece in _pieces(reply.reasoning or "")]
     deltas += [{"content": piece} for piece in _pieces(reply.content)]
-    for position, call in enumerate(reply.tool_calls):
+    for position, call in enumerate(tool_calls(reply)):
         deltas += call_deltas(position, call, habits)
     return deltas
 
 
-def reply_message(reply: EngineReply, habits: ReplyHabits) -> dict[str, Any]:
+def reply_message(reply: EngineReply, habits: ReplyHabits) -> MessageFields:
     """The assistant message of a plain (not streamed) answer."""
-    message: dict[str, Any] = {
+    message: MessageFields = {
         "content": reply.content,
         "reasoning": reply.reasoning if habits.reasoning_field == "reasoning" else None,
     }
     if reply.reasoning:
         message["reasoning_details"] = [_reasoning_detail(reply.reasoning)]
     if reply.tool_calls:
-        message["tool_calls"] = reply.tool_calls
+        message["tool_calls"] = tool_calls(reply)
     return message
+
+
+def tool_calls(reply: EngineReply) -> list[ToolCall]:
+    """The reply's calls as the API sends them (the engine's reply keeps them as responses.jsonl does)."""
+    return [
+        {
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
+        }
+        for call in reply.tool_calls
+    ]
 
 
 def reasoning_tokens(ids: list[int], think_end: int, thinking: bool) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglepipe.chat_api import MessageFields, StreamDelta
 from eaglepipe.emulator.backend import GenerationFailed, GenerationRequest
 from eaglepipe.emulator.completion import Completion
 from eaglepipe.emulator.habits import (
@@ -21,6 +22,7 @@ from eaglepipe.emulator.habits import (
     reasoning_delta,
     reasoning_tokens,
     reply_message,
+    tool_calls,
 )
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.text_like import SWITCHES, EngineReply
@@ -69,7 +71,7 @@ class KimiModelReplies:
             completion.completion_ids, self.think_end, completion.thinking
         )
 
-    def message(self, completion: Completion) -> dict[str, Any]:
+    def message(self, completion: Completion) -> MessageFields:
         reply = self.reply(completion, completion.completion_ids, completion.stopped)
         self.settle(completion, reply)
         return reply_message(reply, completion.endpoint.habits)
@@ -97,18 +99,18 @@ class GrowingReply:
         self.content = ""
         self.calls = 0
 
-    def push(self, ids: list[int]) -> list[dict[str, Any]]:
+    def push(self, ids: list[int]) -> list[StreamDelta]:
         self.ids += ids
         return self._grown(self.replies.reply(self.completion, self.ids, stopped=False), final=False)
 
-    def flush(self) -> list[dict[str, Any]]:
+    def flush(self) -> list[StreamDelta]:
         completion = self.completion
         reply = self.replies.reply(completion, completion.completion_ids, completion.stopped)
         self.replies.settle(completion, reply)
         return self._grown(reply, final=True)
 
-    def _grown(self, reply: EngineReply, final: bool) -> list[dict[str, Any]]:
-        deltas: list[dict[str, Any]] = []
+    def _grown(self, reply: EngineReply, final: bool) -> list[StreamDelta]:
+        deltas: list[StreamDelta] = []
         reasoning = reply.reasoning or ""
         content = reply.content
         if not final:
@@ -127,7 +129,8 @@ class GrowingReply:
                     reasoning_delta(piece, self.habits) if field == "reasoning" else {"content": piece}
                 )
                 setattr(self, field, now)
-        for position in range(self.calls, len(reply.tool_calls)):
-            deltas += call_deltas(position, reply.tool_calls[position], self.habits)
+        calls = tool_calls(reply)
+        for position in range(self.calls, len(calls)):
+            deltas += call_deltas(position, calls[position], self.habits)
         self.calls = len(reply.tool_calls)
         return deltas

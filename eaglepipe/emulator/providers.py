@@ -9,13 +9,15 @@ calls (`ReplyHabits`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
+from eaglepipe.chat_api import Endpoint as ListedEndpoint
 from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.text_like import SWITCHES
 
@@ -130,7 +132,7 @@ _PUBLIC_KEYS = {
 class Endpoint:
     """One routable endpoint: the object `/endpoints` shows, plus how the emulator bills it."""
 
-    public: dict[str, Any]
+    public: ListedEndpoint
     bills_stop_token: bool = True
     habits: ReplyHabits = field(default_factory=ReplyHabits)
     answers_as: str | None = None
@@ -150,7 +152,8 @@ class Endpoint:
 
     def price(self, kind: str) -> float:
         """USD per token (or per request for `request`); 0 where the table names no price."""
-        return float(self.public["pricing"].get(kind, "0"))
+        pricing: Mapping[str, object] = self.public["pricing"]
+        return float(str(pricing.get(kind, "0")))
 
     def supports(self, parameter: str) -> bool:
         return parameter in self.public["supported_parameters"]
@@ -201,6 +204,7 @@ def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: st
     answers_as = entry.pop("answers_as", None)
     if answers_as is not None and not (isinstance(answers_as, str) and answers_as):
         raise EmulatorError(f"{where}: 'answers_as' must be a provider display name such as 'Foo (beta)'")
+    # The listing's keys, checked above; the config's values stand as given (a test may list odd ones).
     public = {
         "name": f"{entry['provider_name']} | {model_id}",
         "model_id": model_id,
@@ -220,7 +224,12 @@ def _expand(entry: dict[str, Any], model_id: str, context_length: int, where: st
     }
     if not isinstance(public["status"], int) or public["status"] > 0:
         raise EmulatorError(f"{where}: 'status' must be 0 (normal) or a negative integer (degraded/down)")
-    return Endpoint(public=public, bills_stop_token=bills_stop_token, habits=habits, answers_as=answers_as)
+    return Endpoint(
+        public=cast(ListedEndpoint, public),
+        bills_stop_token=bills_stop_token,
+        habits=habits,
+        answers_as=answers_as,
+    )
 
 
 def load_endpoints(config_path: Path | None, model_id: str, context_length: int) -> list[Endpoint]:

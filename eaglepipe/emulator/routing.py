@@ -66,7 +66,7 @@ def _quantization_allowed(endpoint: Endpoint, wanted: list[str]) -> bool:
     )
 
 
-def _over_max_price(endpoint: Endpoint, max_price: dict[str, Any]) -> bool:
+def _over_max_price(endpoint: Endpoint, max_price: dict[str, float]) -> bool:
     return any(endpoint.price(kind) * 1_000_000 > limit for kind, limit in max_price.items())
 
 

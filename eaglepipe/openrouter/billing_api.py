@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import anyio
 import httpx
@@ -24,6 +24,17 @@ LOOKUP_RETRY_S = 1.0
 ERROR_RETRY_S = 10.0
 LOOKUP_BACKOFF_FIRST_S = 0.5
 LOOKUP_BACKOFF_MAX_S = 2.0
+
+
+class PricedGeneration(TypedDict):
+    """What the ledger and a rebuilt answer take from a `/generation` record (GenerationRecord)."""
+
+    usd: float
+    completion_tokens: int | None
+    prompt_tokens: int | None
+    reasoning_tokens: int
+    provider: str | None
+    finish_reason: str | None
 
 
 @dataclass(frozen=True)
@@ -49,10 +60,9 @@ async def check_key(http: httpx.AsyncClient) -> KeyState | None:
 
 async def recover_generations(
     http: httpx.AsyncClient, generation_ids: list[str], *, wait_s: float
-) -> dict[str, dict[str, Any]]:
-    """{id: {usd, completion_tokens, prompt_tokens, reasoning_tokens, provider, finish_reason}} for the ids
-    `/generation` knows within `wait_s`."""
-    found: dict[str, dict[str, Any]] = {}
+) -> dict[str, PricedGeneration]:
+    """{id: its priced record} for the ids `/generation` knows within `wait_s`."""
+    found: dict[str, PricedGeneration] = {}
     limiter = anyio.CapacityLimiter(LOOKUP_CONCURRENCY)
 
     async def look_up(generation_id: str) -> None:
@@ -139,7 +149,8 @@ async def _get(
     return response.status_code, data if isinstance(data, dict) else None, retry_after_s
 
 
-def _priced(data: dict[str, Any]) -> dict[str, Any]:
+def _priced(data: dict[str, Any]) -> PricedGeneration:
+    """`data` is the record as the server sent it, unchecked (a GenerationRecord, where it is OpenRouter)."""
     usd = _number(data.get("total_cost"))
     return {
         "usd": usd if usd is not None else _number(data.get("usage")) or 0.0,

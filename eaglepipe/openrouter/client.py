@@ -23,7 +23,7 @@ import ssl
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import anyio
 import anyio.to_thread
@@ -36,10 +36,16 @@ from eaglepipe.openrouter.admission import Admission
 from eaglepipe.openrouter.admission import prompt_tokens_bound as prompt_tokens_bound
 from eaglepipe.openrouter.answer_transport import ChatRoute, answer_transport
 from eaglepipe.openrouter.appendlog import AppendLog
-from eaglepipe.openrouter.billing_api import KeyState, check_key, generation_contents, recover_generations
+from eaglepipe.openrouter.billing_api import (
+    KeyState,
+    PricedGeneration,
+    check_key,
+    generation_contents,
+    recover_generations,
+)
 from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
 from eaglepipe.openrouter.budget import REFIT_EVERY_S
-from eaglepipe.openrouter.console import ProgressLine, provider_table
+from eaglepipe.openrouter.console import ProgressLine, ProviderRow, provider_table
 from eaglepipe.openrouter.errors import one_line
 from eaglepipe.openrouter.journal import (
     FailureRecord,
@@ -49,7 +55,7 @@ from eaglepipe.openrouter.journal import (
     read_records,
     reusable,
 )
-from eaglepipe.openrouter.ledger import Heartbeat, RunLedger
+from eaglepipe.openrouter.ledger import Heartbeat, RunLedger, StartedLine
 from eaglepipe.openrouter.rebuilt_answers import rebuilt_answer
 from eaglepipe.openrouter.replies import RequestFailed, read_reply, read_streamed_reply
 from eaglepipe.openrouter.secrets import ApiKey
@@ -83,6 +89,16 @@ class UsabilityProbe(Protocol):
         ...
 
 
+class FailureEntry(TypedDict):
+    """A prompt that failed, as the summary's `failures` lists it (`status`: the HTTP status, if any)."""
+
+    prompt_id: str
+    status: int | None
+    error: str
+    attempts: int
+    permanent: bool
+
+
 @dataclass
 class GenerationSummary:
     """Why the set ended and what it holds; token and dollar totals cover every done prompt, resumed ones
@@ -113,11 +129,11 @@ class GenerationSummary:
     # The first wave's concurrency when the key's limit_remaining held fewer requests' reservations.
     first_wave: int | None = None
     job_ledger_dollars: float = 0.0
-    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    providers: dict[str, ProviderRow] = field(default_factory=dict)
     # The circuit breaker: providers dropped (and why), strikes by provider, discards by foreign provider.
     breaker: dict[str, Any] = field(default_factory=dict)
     probed: dict[str, int] = field(default_factory=dict)
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[FailureEntry] = field(default_factory=list)
     emulated: bool = False
     max_tokens: int = 0
     # The dollars the set ran under (eaglepipe/openrouter/dollars.py reads it back), and `partial` is
@@ -510,14 +526,14 @@ async def _recover(run: _Run, *, at_end: bool) -> list[ResponseRecord]:
 
 
 async def _stored_answers(
-    run: _Run, pending: list[dict[str, Any]], found: dict[str, dict[str, Any]]
+    run: _Run, pending: list[StartedLine], found: dict[str, PricedGeneration]
 ) -> dict[str, ResponseRecord]:
     """{generation id: journal record} for found requests whose prompt (of this set, asked under this
     fingerprint) has no answer yet and whose stored content is the whole answer; one per prompt, the first
     of its cut attempts that qualifies."""
     assert run.http is not None
     settings = run.settings
-    candidates: dict[str, list[dict[str, Any]]] = {}
+    candidates: dict[str, list[StartedLine]] = {}
     for record in pending:
         prompt_id = record["prompt_id"]
         if (

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
-from typing import Any, TextIO
+from dataclasses import dataclass
+from typing import TextIO, TypedDict
 
 from eaglepipe.responses import ResponseRecord
+
+
+class ProviderRow(TypedDict):
+    """A provider's line of the summary's `providers` and of the end-of-run table."""
+
+    requests: int
+    errors: int
+    completion_tokens: int
+    seconds: float
+    timed_tokens: int
+    usd: float
+    truncated: int
+    empty: int
+    tok_s: float
+    usd_per_m_tokens: float
 
 
 @dataclass
@@ -31,11 +46,22 @@ class ProviderStats:
         self.truncated += response.get("finish_reason") == "length"
         self.empty += not (response.get("content") or response.get("reasoning") or response.get("tool_calls"))
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> ProviderRow:
         """Tokens per second of request time (one stream's speed); dollars per million output tokens."""
         tok_s = self.timed_tokens / self.seconds if self.seconds else 0.0
         per_m = self.usd / self.completion_tokens * 1e6 if self.completion_tokens else 0.0
-        return {**asdict(self), "tok_s": round(tok_s, 1), "usd_per_m_tokens": round(per_m, 4)}
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "completion_tokens": self.completion_tokens,
+            "seconds": self.seconds,
+            "timed_tokens": self.timed_tokens,
+            "usd": self.usd,
+            "truncated": self.truncated,
+            "empty": self.empty,
+            "tok_s": round(tok_s, 1),
+            "usd_per_m_tokens": round(per_m, 4),
+        }
 
 
 def provider_table(stats: dict[str, ProviderStats]) -> str:

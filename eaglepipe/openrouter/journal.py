@@ -13,7 +13,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar, cast
 
 from eaglepipe.io import atomic_write
 from eaglepipe.openrouter.appendlog import AppendLog, read_lines, read_new_lines
@@ -89,6 +89,16 @@ def failed_for_good(journal_dir: Path, fingerprint: str) -> dict[str, FailureRec
     return reusable(checked, fingerprint)
 
 
+class Tally(TypedDict):
+    """tally.json: per fingerprint and prompt id, [prompt_tokens, completion_tokens] of the journal's first
+    `offset` bytes; `identity` names the journal file they were read from."""
+
+    version: int
+    identity: list[Any]
+    offset: int
+    done: dict[str, dict[str, list[int | None]]]
+
+
 def tally_done(journal_dir: Path, fingerprint: str) -> dict[str, DoneTally]:
     """Like `load_done`, but each record cut down to its usage (`{"usage": {prompt_tokens,
     completion_tokens}}`): all the spend plan needs. A Kimi-length journal holds hundreds of MB that every
@@ -103,7 +113,11 @@ def tally_done(journal_dir: Path, fingerprint: str) -> dict[str, DoneTally]:
     except FileNotFoundError:
         return {}
     tally = _read_tally(journal_dir / TALLY_FILE)
-    if tally.get("identity") != identity or tally.get("offset", 0) > records_path.stat().st_size:
+    if (
+        tally is None
+        or tally.get("identity") != identity
+        or tally.get("offset", 0) > records_path.stat().st_size
+    ):
         tally = {"version": TALLY_VERSION, "identity": identity, "offset": 0, "done": {}}
     records, offset = read_new_lines(records_path, tally["offset"])
     for record in records:
@@ -128,9 +142,11 @@ def _journal_identity(records_path: Path) -> list[Any]:
     return [stat.st_dev, stat.st_ino, hashlib.sha256(first_line).hexdigest()[:16]]
 
 
-def _read_tally(path: Path) -> dict[str, Any]:
+def _read_tally(path: Path) -> Tally | None:
     try:
         tally = json.loads(path.read_text())
     except (OSError, ValueError):
-        return {}
-    return tally if isinstance(tally, dict) and tally.get("version") == TALLY_VERSION else {}
+        return None
+    if not (isinstance(tally, dict) and tally.get("version") == TALLY_VERSION):
+        return None
+    return cast(Tally, tally)  # this version's file, as this module wrote it

@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from eaglepipe.io import atomic_write
 from eaglepipe.openrouter.appendlog import AppendLog, read_new_lines
@@ -36,6 +36,40 @@ LEDGER_FILE = "ledger.jsonl"
 LIVE_DIR = "live"
 # A heartbeat older than this is a job that died without removing it (kill -9, lost node).
 HEARTBEAT_STALE_S = 15.0
+
+
+class StartedLine(TypedDict):
+    """A request got its generation id; unresolved until a BilledLine names that id."""
+
+    event: Literal["started"]
+    set: str
+    prompt_id: str
+    generation_id: str
+    fingerprint: str | None
+    at: float
+
+
+class BilledLine(TypedDict):
+    event: Literal["billed"]
+    set: str
+    prompt_id: str
+    generation_id: str | None
+    usd: float
+    completion_tokens: int | None
+    outcome: str
+    provider: str | None
+    at: float
+    cause: NotRequired[str]
+
+
+class HeartbeatState(TypedDict):
+    """A running job's `live/{set}.json`."""
+
+    pid: int
+    host: str
+    updated_at: float
+    in_flight: int
+    expected_usd_in_flight: float
 
 
 def ledger_path(ledger_dir: Path) -> Path:
@@ -55,7 +89,7 @@ class LedgerView:
     resolved: set[str] = field(default_factory=set)
     # `started` lines not billed yet, by set and generation id, in ledger order: admissions count a set's
     # without a pass over every set's.
-    unresolved_by_set: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    unresolved_by_set: dict[str, dict[str, StartedLine]] = field(default_factory=dict)
 
     def refresh(self) -> LedgerView:
         records, self.offset = read_new_lines(self.path, self.offset)
@@ -63,7 +97,8 @@ class LedgerView:
             generation_id = record.get("generation_id")
             if record.get("event") == "started":
                 if generation_id and generation_id not in self.resolved:
-                    self.unresolved_by_set.setdefault(record.get("set", ""), {})[generation_id] = record
+                    line = cast(StartedLine, record)  # a line this module wrote
+                    self.unresolved_by_set.setdefault(record.get("set", ""), {})[generation_id] = line
                 continue
             usd = float(record.get("usd") or 0.0)
             self.usd += usd
@@ -80,11 +115,11 @@ class LedgerView:
         return self
 
     @property
-    def unresolved(self) -> dict[str, dict[str, Any]]:
+    def unresolved(self) -> dict[str, StartedLine]:
         """Every set's unresolved requests, by generation id."""
         return {key: record for started in self.unresolved_by_set.values() for key, record in started.items()}
 
-    def unresolved_of(self, dataset: str) -> list[dict[str, Any]]:
+    def unresolved_of(self, dataset: str) -> list[StartedLine]:
         return list(self.unresolved_by_set.get(dataset, {}).values())
 
     def unresolved_count_of(self, dataset: str, excluding: set[str]) -> int:
@@ -121,16 +156,15 @@ class RunLedger:
         await self._log.flush()
 
     async def started(self, prompt_id: str, generation_id: str, fingerprint: str | None = None) -> None:
-        await self._log.append(
-            {
-                "event": "started",
-                "set": self.dataset,
-                "prompt_id": prompt_id,
-                "generation_id": generation_id,
-                "fingerprint": fingerprint,
-                "at": round(time.time(), 3),
-            }
-        )
+        line: StartedLine = {
+            "event": "started",
+            "set": self.dataset,
+            "prompt_id": prompt_id,
+            "generation_id": generation_id,
+            "fingerprint": fingerprint,
+            "at": round(time.time(), 3),
+        }
+        await self._log.append(line)
 
     async def ensure_started(self, prompt_id: str, generation_id: str) -> None:
         """An answer whose cost is not known yet (no usage chunk, `cost: null`) stays unresolved, to be
@@ -158,7 +192,7 @@ class RunLedger:
         `cause`: why a request that was not kept failed (the failure taxonomy's class), when known."""
         self.outcomes[outcome] += 1
         self.usd_billed += usd
-        line = {
+        line: BilledLine = {
             "event": "billed",
             "set": self.dataset,
             "prompt_id": prompt_id,
@@ -195,7 +229,7 @@ class Heartbeat:
         self.host = socket.gethostname()
 
     def beat(self, in_flight: int, expected_usd_in_flight: float) -> None:
-        state = {
+        state: HeartbeatState = {
             "pid": os.getpid(),
             "host": self.host,
             "updated_at": time.time(),
@@ -224,7 +258,7 @@ class Heartbeat:
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
 
-    def _alive(self, state: dict[str, Any]) -> bool:
+    def _alive(self, state: HeartbeatState) -> bool:
         if time.time() - float(state.get("updated_at") or 0) > HEARTBEAT_STALE_S:
             return False
         if state.get("host") != self.host:

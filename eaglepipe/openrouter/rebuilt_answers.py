@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglepipe.openrouter.billing_api import PricedGeneration
 from eaglepipe.prompts.records import PromptRecord
 from eaglepipe.responses import ReplyFields
 
 
 def rebuilt_answer(
     prompt: PromptRecord,
-    generation: dict[str, Any],
+    generation: PricedGeneration,
     content: dict[str, Any],
     allowed_providers: frozenset[str],
 ) -> tuple[ReplyFields | None, str]:
@@ -29,11 +30,11 @@ def rebuilt_answer(
     stored = content.get("output")
     output = stored if isinstance(stored, dict) else {}
     completion, reasoning = output.get("completion"), output.get("reasoning")
-    provider = generation.get("provider")
+    provider, finish_reason = generation.get("provider"), generation.get("finish_reason")
     if prompt.get("tools"):
         return None, "the prompt offers tools, and stored content holds no tool calls"
-    if generation.get("finish_reason") not in ("stop", "length"):
-        return None, f"finish reason {generation.get('finish_reason')!r} is not stop or length"
+    if finish_reason not in ("stop", "length"):
+        return None, f"finish reason {finish_reason!r} is not stop or length"
     if allowed_providers and str(provider or "").lower() not in allowed_providers:
         return None, f"served by {provider!r}, outside the allowlist"
     if content.get("error") or not isinstance(completion, str):
@@ -45,7 +46,7 @@ def rebuilt_answer(
             "content": completion,
             "reasoning": reasoning if isinstance(reasoning, str) and reasoning else None,
             "tool_calls": [],
-            "finish_reason": generation["finish_reason"],
+            "finish_reason": finish_reason,
         },
         "provider": provider,
         "usage": {

@@ -13,14 +13,23 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import httpx
 
 from eaglepipe.openrouter.answer_transport import ChatRoute, body_arrived
 from eaglepipe.openrouter.errors import error_detail, one_line
 from eaglepipe.openrouter.ratelimit import Wait, throttle_wait
-from eaglepipe.openrouter.taxonomy import TYPED_STATUS, Finish, Observed, Shape, classify, judge_finish
+from eaglepipe.openrouter.taxonomy import (
+    TYPED_STATUS,
+    Finish,
+    KeptLogprob,
+    Observed,
+    ReplyAnswer,
+    Shape,
+    classify,
+    judge_finish,
+)
 from eaglepipe.responses import ReplyFields, ResponseBody
 
 
@@ -126,7 +135,7 @@ async def read_reply(
         raise context.error_in_body(choice.get("error") or {})
     message = choice.get("message") or {}
     details = message.get("reasoning_details") or []
-    answer = {
+    answer: ReplyAnswer = {
         "content": message.get("content") or "",
         "reasoning": message.get("reasoning") or message.get("reasoning_content") or _details_text(details),
         "tool_calls": message.get("tool_calls") or [],
@@ -146,14 +155,14 @@ async def read_reply(
     return _record_fields(answer, ending, provider, generation_id, usage, response, body)
 
 
-def _logprob_entries(logprobs: Any) -> list[dict[str, Any]]:
+def _logprob_entries(logprobs: Any) -> list[KeptLogprob]:
     """Each output token's text, bytes and logprob as sent (`logprobs.content`), without `top_logprobs`:
     the token stage reads exact ids from the bytes; the alternatives would only grow the journal."""
     entries = logprobs.get("content") if isinstance(logprobs, dict) else None
     if not isinstance(entries, list):
         return []
     return [
-        {key: entry.get(key) for key in ("token", "bytes", "logprob")}
+        {"token": entry.get("token"), "bytes": entry.get("bytes"), "logprob": entry.get("logprob")}
         for entry in entries
         if isinstance(entry, dict)
     ]
@@ -316,7 +325,7 @@ class _StreamedAnswer:
         self._call_at_index: dict[int, dict[str, Any]] = {}
         self.token_ids: list[int] | None = None
         self.prompt_token_ids: list[int] | None = None
-        self.logprobs: list[dict[str, Any]] = []
+        self.logprobs: list[KeptLogprob] = []
         self.finish_reason: str | None = None
         self.native_finish_reason: str | None = None
         self.had_choice = False
@@ -405,8 +414,8 @@ class _StreamedAnswer:
             if isinstance(item.get(key), str):
                 last[key] = (last.get(key) or "") + item[key]
 
-    def answer(self) -> dict[str, Any]:
-        answer = {
+    def answer(self) -> ReplyAnswer:
+        answer: ReplyAnswer = {
             "content": "".join(self.content),
             "reasoning": "".join(self.reasoning)
             or "".join(self.reasoning_content)
@@ -434,13 +443,20 @@ def _details_text(details: list[Any]) -> str | None:
     return "".join(parts) or None
 
 
-def _details_fields(details: list[Any]) -> dict[str, Any]:
+class _DetailsFields(TypedDict, total=False):
+    reasoning_details: list[Any]
+    reasoning_encrypted: bool
+
+
+def _details_fields(details: list[Any]) -> _DetailsFields:
     """`reasoning_details` as sent, and a flag when part of the reasoning is encrypted (its tokens were
     billed but cannot be rebuilt)."""
     if not details:
         return {}
-    encrypted = any(isinstance(item, dict) and item.get("type") == "reasoning.encrypted" for item in details)
-    return {"reasoning_details": details, **({"reasoning_encrypted": True} if encrypted else {})}
+    fields: _DetailsFields = {"reasoning_details": details}
+    if any(isinstance(item, dict) and item.get("type") == "reasoning.encrypted" for item in details):
+        fields["reasoning_encrypted"] = True
+    return fields
 
 
 _NO_ANSWER = {
@@ -465,7 +481,7 @@ class _Ending:
 
 
 def _record_fields(
-    answer: dict[str, Any],
+    answer: ReplyAnswer,
     ending: _Ending,
     provider: str | None,
     generation_id: str | None,
@@ -522,6 +538,16 @@ def _http_failure(response: httpx.Response) -> RequestFailed:
     )
 
 
+class _FailureFields(TypedDict):
+    """What RequestFailed keeps of an `error` object."""
+
+    code: str | int | None
+    limit_source: str | None
+    provider_name: str | None
+    raw: str | None
+    reason: str | None
+
+
 class _ErrorFields:
     """OpenRouter's `error` object: `code` may be a number, a numeric string ("402") or a name
     ("weight_exceeds_budget"); `metadata` may hold `limit_source`, `provider_name`, `raw`, `reason`."""
@@ -536,7 +562,7 @@ class _ErrorFields:
         self.status = _status_of(self.code, error.get("http_status"), self.meta.get("error_type"),
                                  error.get("error_type"))
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> _FailureFields:
         raw = self.meta.get("raw")
         return {
             "code": self.code,

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
+from eaglepipe.chat_api import Endpoint
 from eaglepipe.openrouter.errors import OpenRouterError, error_detail
 from eaglepipe.openrouter.secrets import ApiKey
 
@@ -18,6 +19,33 @@ from eaglepipe.openrouter.secrets import ApiKey
 QUANTIZATION_FAMILIES = {"fp4": {"fp4", "mxfp4", "nvfp4"}, "fp8": {"fp8", "mxfp8"}}
 UNKNOWN_QUANTIZATION = "unknown"
 FETCH_TIMEOUT_S = 30.0
+
+
+class PolicyRecord(TypedDict):
+    """A RoutingPolicy as providers.json keeps it."""
+
+    quantizations: list[str]
+    ignore: list[str]
+    only: list[str] | None
+    min_uptime: float | None
+    require_parameters: list[str]
+    max_tokens: int | None
+
+
+class DroppedEndpoint(TypedDict):
+    endpoint: Endpoint
+    reason: str
+
+
+class ProvidersFile(TypedDict):
+    """providers.json: the endpoints the API listed for the model, split by the routing policy."""
+
+    model: str
+    fetched_at: str
+    source: str
+    policy: PolicyRecord
+    kept: list[Endpoint]
+    dropped: list[DroppedEndpoint]
 
 
 @dataclass(frozen=True)
@@ -48,17 +76,24 @@ class RoutingPolicy:
             max_tokens=_integer(config, "max_tokens"),
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> PolicyRecord:
         """JSON-able, for providers.json: the decision is reviewable next to its inputs."""
-        fields = asdict(self).items()
-        return {key: list(value) if isinstance(value, tuple) else value for key, value in fields}
+        return {
+            "quantizations": list(self.quantizations),
+            "ignore": list(self.ignore),
+            "only": None if self.only is None else list(self.only),
+            "min_uptime": self.min_uptime,
+            "require_parameters": list(self.require_parameters),
+            "max_tokens": self.max_tokens,
+        }
 
 
 def select_endpoints(
-    endpoints: list[dict[str, Any]], policy: RoutingPolicy
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    endpoints: list[Endpoint], policy: RoutingPolicy
+) -> tuple[list[Endpoint], list[DroppedEndpoint]]:
     """(kept endpoints, dropped as `{"endpoint", "reason"}`), each in the API's order."""
-    kept, dropped = [], []
+    kept: list[Endpoint] = []
+    dropped: list[DroppedEndpoint] = []
     for endpoint in endpoints:
         reasons = _rejections(endpoint, policy)
         if reasons:
@@ -74,9 +109,10 @@ def dearest_price(endpoints: list[dict[str, Any]], side: str) -> float:
     return max((float((e.get("pricing") or {}).get(side) or 0) for e in endpoints), default=0.0)
 
 
-def provider_request(kept: list[dict[str, Any]], policy: RoutingPolicy) -> dict[str, Any]:
+def provider_request(kept: list[Endpoint], policy: RoutingPolicy) -> dict[str, Any]:
     """The request's `provider` object. Tags are sorted so a reordered endpoint list does not change
-    the request fingerprint (and thereby discard paid responses)."""
+    the request fingerprint (and thereby discard paid responses). A ProviderPreferences, left a plain dict
+    for the settings that carry it into the request."""
     provider: dict[str, Any] = {"only": sorted({endpoint["tag"] for endpoint in kept})}
     if policy.quantizations:
         provider["quantizations"] = list(policy.quantizations)
@@ -87,7 +123,7 @@ def provider_request(kept: list[dict[str, Any]], policy: RoutingPolicy) -> dict[
 
 def fetch_providers(
     base_url: str, model: str, api_key: ApiKey | None, policy: RoutingPolicy
-) -> dict[str, Any]:
+) -> ProvidersFile:
     """The content of providers.json: the live endpoint list split by the policy."""
     import httpx  # here, not at the top: the spend plan imports this module while Snakemake parses
     url = f"{base_url.rstrip('/')}/models/{model}/endpoints"
@@ -104,7 +140,8 @@ def fetch_providers(
             "check the model id and base_url"
         )
     try:
-        endpoints = response.json()["data"]["endpoints"]
+        # Taken as the API describes them; the policy reads every field it judges defensively.
+        endpoints: list[Endpoint] = response.json()["data"]["endpoints"]
     except (ValueError, KeyError, TypeError):
         raise OpenRouterError(
             f"GET {url}: the answer has no data.endpoints list: is base_url an OpenRouter API?"
@@ -126,7 +163,7 @@ def fetch_providers(
     }
 
 
-def _rejections(endpoint: dict[str, Any], policy: RoutingPolicy) -> list[str]:
+def _rejections(endpoint: Endpoint, policy: RoutingPolicy) -> list[str]:
     reasons = []
     if policy.only is not None and not _matches_any(endpoint, policy.only):
         reasons.append("not in `only`")
@@ -151,7 +188,7 @@ def _rejections(endpoint: dict[str, Any], policy: RoutingPolicy) -> list[str]:
     return reasons
 
 
-def _matches_any(endpoint: dict[str, Any], names: tuple[str, ...]) -> bool:
+def _matches_any(endpoint: Endpoint, names: tuple[str, ...]) -> bool:
     """A base slug names all of a provider's endpoints, `x/variant` only that one (OpenRouter's rule);
     the display name is accepted too, case-insensitively, because that is what users read."""
     tag = str(endpoint.get("tag") or "").lower()
@@ -163,12 +200,12 @@ def _admitted_quantizations(allowed: tuple[str, ...]) -> set[str]:
     return {variant for name in allowed for variant in QUANTIZATION_FAMILIES.get(name, {name})}
 
 
-def _uptime(endpoint: dict[str, Any]) -> float | None:
+def _uptime(endpoint: Endpoint) -> float | None:
     """The last 30 minutes, else the last day. Null in both means too little traffic to measure, which is
     no evidence of downtime, so such an endpoint is kept (status still catches a known outage)."""
-    for key in ("uptime_last_30m", "uptime_last_1d"):
-        if endpoint.get(key) is not None:
-            return float(endpoint[key])
+    for uptime in (endpoint.get("uptime_last_30m"), endpoint.get("uptime_last_1d")):
+        if uptime is not None:
+            return float(uptime)
     return None
 
 

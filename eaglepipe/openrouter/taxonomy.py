@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 if TYPE_CHECKING:
     from eaglepipe.openrouter.replies import RequestFailed
@@ -333,6 +333,42 @@ ANSWER_SHAPES = (
 )
 
 
+class KeptLogprob(TypedDict):
+    """An output token's logprob entry as the journal keeps it: as sent, without its alternatives."""
+
+    token: Any
+    bytes: Any
+    logprob: Any
+
+
+class KeptLogprobs(TypedDict):
+    content: list[KeptLogprob]
+
+
+class ReplyAnswer(TypedDict):
+    """An answer as the reply reader gathers it, before its finish is judged. The tool calls and
+    reasoning details are as the provider sent them (or as a stream's pieces joined up): not yet checked,
+    which is what `judge_finish` does to the calls."""
+
+    content: str
+    reasoning: str | None
+    tool_calls: list[dict[str, Any]]
+    reasoning_details: NotRequired[list[Any]]
+    reasoning_encrypted: NotRequired[bool]
+    token_ids: NotRequired[list[int]]
+    prompt_token_ids: NotRequired[list[int]]
+    logprobs: NotRequired[KeptLogprobs]
+
+
+class FinishEvidence(TypedDict):
+    shape: str
+    native: NotRequired[str]
+
+
+class EvidenceField(TypedDict, total=False):
+    finish_evidence: FinishEvidence
+
+
 @dataclass(frozen=True)
 class Finish:
     """How an answer ended (`reason`: stop, length or tool_calls) and, when that was not simply said,
@@ -342,11 +378,14 @@ class Finish:
     shape: str | None = None
     native: str | None = None
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> EvidenceField:
         """What the journal line keeps of the decision: nothing when `finish_reason` said it."""
         if self.shape is None:
             return {}
-        return {"finish_evidence": {"shape": self.shape, **({"native": self.native} if self.native else {})}}
+        evidence: FinishEvidence = {"shape": self.shape}
+        if self.native:
+            evidence["native"] = self.native
+        return {"finish_evidence": evidence}
 
 
 def normalised_finish(name: Any) -> str | None:
@@ -359,7 +398,7 @@ def judge_finish(
     *,
     ended_whole: bool,
     streamed: bool,
-    answer: dict[str, Any],
+    answer: ReplyAnswer,
     completion_tokens: Any,
     max_tokens: Any,
 ) -> Finish | Observed:
@@ -393,7 +432,7 @@ def judge_finish(
     return Finish("tool_calls" if answer.get("tool_calls") else "stop", shape)
 
 
-def _calls_whole(answer: dict[str, Any]) -> bool:
+def _calls_whole(answer: ReplyAnswer) -> bool:
     """Every tool call's arguments are JSON: a call cut off mid-way is not a finished answer."""
     for call in answer.get("tool_calls") or ():
         arguments = (call.get("function") or {}).get("arguments") or "{}"

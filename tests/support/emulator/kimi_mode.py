@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from eaglepipe.chat_api import MessageFields, StreamDelta
 from eaglepipe.emulator.backend import GeneratedToken, GenerationRequest
 from eaglepipe.emulator.completion import Completion
 from eaglepipe.emulator.errors import ApiError, EmulatorError
@@ -149,19 +150,19 @@ def _sample_reply(
 class _PlannedDeltas:
     """A planned answer's deltas, released in step with its ids: after k of n ids, k/n of the deltas."""
 
-    def __init__(self, deltas: list[dict[str, Any]], planned_ids: int) -> None:
+    def __init__(self, deltas: list[StreamDelta], planned_ids: int) -> None:
         self.deltas = deltas
         self.planned_ids = planned_ids
         self.seen = 0
         self.sent = 0
 
-    def push(self, ids: list[int]) -> list[dict[str, Any]]:
+    def push(self, ids: list[int]) -> list[StreamDelta]:
         self.seen += len(ids)
         due = min(len(self.deltas), math.ceil(self.seen * len(self.deltas) / max(1, self.planned_ids)))
         released, self.sent = self.deltas[self.sent : due], max(self.sent, due)
         return released
 
-    def flush(self) -> list[dict[str, Any]]:
+    def flush(self) -> list[StreamDelta]:
         released, self.sent = self.deltas[self.sent :], len(self.deltas)
         return released
 
@@ -173,7 +174,7 @@ class KimiReplies:
         self.corpus = corpus
         self.think_end = corpus.format.layout.sections().think_end
 
-    def message(self, completion: Completion) -> dict[str, Any]:
+    def message(self, completion: Completion) -> MessageFields:
         habits = completion.endpoint.habits
         sample = self.corpus.sample_for(completion.prompt_ids)
         reply = _sample_reply(
