@@ -45,13 +45,6 @@ class ProviderPreferences(TypedDict, total=False):
     data_collection: Literal["allow", "deny"]
 
 
-class ReasoningConfig(TypedDict, total=False):
-    enabled: bool
-    effort: Literal["xhigh", "high", "medium", "low", "minimal", "none"]
-    max_tokens: int
-    exclude: bool
-
-
 class RequestMessage(TypedDict):
     """A conversation turn as the request sends it (system, developer, user, assistant or tool)."""
 
@@ -67,23 +60,42 @@ class UsageRequest(TypedDict):
     include: bool
 
 
-class ChatRequestBody(TypedDict):
-    """The `/chat/completions` request body, the fields this pipeline sends."""
+class StreamOptions(TypedDict):
+    include_usage: bool
+
+
+class ServerExtras(TypedDict, total=False):
+    """What a request adds to get an engine's token ids back in its own form (eaglepipe/answers/engine.py):
+    vLLM's and SGLang's extensions, and the logprobs OpenRouter documents."""
+
+    return_token_ids: bool  # vLLM: the answer's (and prompt's) token ids
+    return_prompt_token_ids: bool  # SGLang: the prompt's ids
+    stream_options: StreamOptions
+    logprobs: bool
+    top_logprobs: int
+
+
+class ChatRequestFields(ServerExtras):
+    """The `/chat/completions` request body minus its conversation: what every request of a set shares, and
+    what each record keeps as its `request`."""
 
     model: str
-    messages: list[RequestMessage]
-    tools: NotRequired[list[dict[str, Any]]]  # JSON Schema inside: open by nature
     max_tokens: NotRequired[int]
     temperature: NotRequired[float]
     top_p: NotRequired[float]
     seed: NotRequired[int]
     provider: NotRequired[ProviderPreferences]
-    reasoning: NotRequired[ReasoningConfig]
+    # The config's `generation.reasoning`, sent as is: OpenRouter's reasoning object differs by API.
+    reasoning: NotRequired[dict[str, Any]]
     usage: NotRequired[UsageRequest]
     stream: NotRequired[bool]
-    logprobs: NotRequired[bool]
-    top_logprobs: NotRequired[int]
-    return_token_ids: NotRequired[bool]  # vLLM's extension: the answer's (and prompt's) token ids
+
+
+class ChatRequestBody(ChatRequestFields):
+    """The `/chat/completions` request body, the fields this pipeline sends."""
+
+    messages: list[RequestMessage]
+    tools: NotRequired[list[dict[str, Any]]]  # JSON Schema inside: open by nature
 
 
 # --- the answer --------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
+from eaglepipe.chat_api import ChatRequestFields
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import atomic_write, json_lines
 
@@ -64,13 +65,13 @@ class ReplyFields(TypedDict):
 
 class ResponseRecord(TypedDict):
     """One answered prompt. `request` is what was asked (the engine's and the import's hold fewer keys
-    than a bought set's, so it stays a plain object); `latency_s` and `attempts` are None for answers
-    rebuilt from stored content, `attempts` 0 for imported ones."""
+    than a bought set's); `latency_s` and `attempts` are None for answers rebuilt from stored content,
+    `attempts` 0 for imported ones."""
 
     prompt_id: str
     source: NotRequired[str]
     fingerprint: str
-    request: dict[str, Any]
+    request: ChatRequestFields
     response: ResponseBody
     provider: str | None
     generation_id: str | None

@@ -9,17 +9,17 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eaglepipe"
-# Lowest first: the base of every stage's errors, the results layout, the ground floor, the target's facts,
-# the prompts, the response record (written by generation and the answer sources, read by the token stage
-# below them) and the chat API's wire payloads (built by the emulator, read by the client), then the stages
-# in pipeline order (the emulator is generation's stand-in API; answers from elsewhere reuse generation's
-# readers), then what looks over the whole run.
+# Lowest first: the base of every stage's errors with the config's shape and the chat API's wire payloads
+# (built by the emulator, read by the client), the results layout, the ground floor, the target's facts, the
+# prompts and the response record (written by generation and the answer sources, read by the token stage
+# below them), then the stages in pipeline order (the emulator is generation's stand-in API; answers from
+# elsewhere reuse generation's readers), then what looks over the whole run.
 LAYERS = [
-    ["eaglepipe.errors", "eaglepipe.config_types"],  # the config's shape, below everything that reads it
+    ["eaglepipe.errors", "eaglepipe.config_types", "eaglepipe.chat_api"],
     ["eaglepipe.layout"],  # below the config, which reads targets back through it
     ["eaglepipe", "eaglepipe.io", "eaglepipe.progress", "eaglepipe.config", "eaglepipe.processes"],
     ["eaglepipe.envs"],
-    ["eaglepipe.target", "eaglepipe.prompts", "eaglepipe.responses", "eaglepipe.chat_api"],
+    ["eaglepipe.target", "eaglepipe.prompts", "eaglepipe.responses"],
     ["eaglepipe.tokens"],
     ["eaglepipe.emulator"],
     ["eaglepipe.openrouter"],

@@ -25,6 +25,7 @@ import httpx
 
 from eaglepipe.answers.asked import AskedSet, ask_server, probe_loading
 from eaglepipe.answers.job import AnswersJob
+from eaglepipe.chat_api import ServerExtras
 from eaglepipe.config import section_fields
 from eaglepipe.config_types import EngineSection
 from eaglepipe.errors import EaglepipeError
@@ -51,7 +52,7 @@ class EngineDialect(Protocol):
 
     def command(self, python: str, target: str, model: str, port: int, gpus: int) -> list[str]: ...
 
-    def request_fields(self, stream: bool) -> dict[str, Any]: ...
+    def request_fields(self, stream: bool) -> ServerExtras: ...
 
     def returned_ids(self, body: dict[str, Any]) -> bool:
         """Whether a (non-streamed) answer carries the completion's ids in this engine's form."""
@@ -67,9 +68,12 @@ class VllmDialect:
         return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", target,
                 "--served-model-name", model, "--host", "127.0.0.1", "--port", str(port), *parallel]
 
-    def request_fields(self, stream: bool) -> dict[str, Any]:
+    def request_fields(self, stream: bool) -> ServerExtras:
         # vLLM refuses stream_options on an unstreamed request; streamed, usage comes only when asked.
-        return {"return_token_ids": True, **({"stream_options": {"include_usage": True}} if stream else {})}
+        fields: ServerExtras = {"return_token_ids": True}
+        if stream:
+            fields["stream_options"] = {"include_usage": True}
+        return fields
 
     def returned_ids(self, body: dict[str, Any]) -> bool:
         choice = (body.get("choices") or [{}])[0]
@@ -85,7 +89,7 @@ class SglangDialect:
         return [python, "-m", "sglang.launch_server", "--model-path", target, "--served-model-name", model,
                 "--host", "127.0.0.1", "--port", str(port), *parallel]
 
-    def request_fields(self, stream: bool) -> dict[str, Any]:
+    def request_fields(self, stream: bool) -> ServerExtras:
         return {"return_prompt_token_ids": True, "logprobs": True, "top_logprobs": 0}
 
     def returned_ids(self, body: dict[str, Any]) -> bool:

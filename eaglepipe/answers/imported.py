@@ -16,9 +16,10 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglepipe.answers.job import AnswersJob
+from eaglepipe.chat_api import ChatRequestFields
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import write_json
 from eaglepipe.prompts.ids import prompt_id
@@ -86,6 +87,32 @@ class ImportedAnswers:
         )
 
 
+class MissingIds(TypedDict):
+    count: int
+    first_ids: list[str]
+
+
+class ImportSummary(TypedDict):
+    """An imported set's `responses.summary.json` (docs/formats.md)."""
+
+    source: str
+    file: str
+    fingerprint: str
+    requested: int
+    done: int
+    truncated: int
+    completion_tokens: int
+    uncounted: int
+    dollars: float
+    ended_because: str
+    message: str
+    unmatched: int
+    duplicates: int
+    missing: MissingIds
+    over_budget: int
+    notes: dict[str, str]
+
+
 def import_answers(
     prompts_path: Path,
     answers_path: Path,
@@ -95,7 +122,7 @@ def import_answers(
     dataset: str,
     output_token_budget: int | None,
     target_name: str,
-) -> dict[str, Any]:
+) -> ImportSummary:
     """Write `responses.jsonl` (answered prompts in prompt-set order) and its summary; returns the summary.
     Prompts the file does not answer are reported, not refused: a team may import part of a set."""
     prompts = read_prompt_set(prompts_path)
@@ -123,7 +150,7 @@ def import_answers(
     missing = [prompt["id"] for prompt in prompts if prompt["id"] not in reading.answers]
     over_budget = len(reading.answers) - len(records)
     ended_because = "token_budget" if over_budget else "import_incomplete" if missing else "all_done"
-    summary = {
+    summary: ImportSummary = {
         "source": SOURCE,
         "file": str(answers_path),
         "fingerprint": reading.fingerprint,
@@ -325,12 +352,14 @@ def _is_count(value: Any) -> bool:
 def _record(prompt: str, answer: ImportedAnswer, fingerprint: str, target_name: str) -> ResponseRecord:
     """The `responses.jsonl` record of docs/formats.md, marked `source: import`; nothing was requested, so
     `request` holds only the model that answered and, when the line says, the reasoning it was made with."""
+    request: ChatRequestFields = {"model": answer.model or target_name}
+    if answer.reasoning is not None:
+        request["reasoning"] = answer.reasoning
     return {
         "source": SOURCE,
         "prompt_id": prompt,
         "fingerprint": fingerprint,
-        "request": {"model": answer.model or target_name,
-                    **({"reasoning": answer.reasoning} if answer.reasoning is not None else {})},
+        "request": request,
         "response": answer.response,
         "provider": SOURCE,
         "generation_id": None,
@@ -349,7 +378,7 @@ def _message(ended_because: str, budget: int | None, over_budget: int, missing: 
 
 
 def _warn(
-    dataset: str, path: Path, summary: dict[str, Any], missing: list[str], unmatched: list[int]
+    dataset: str, path: Path, summary: ImportSummary, missing: list[str], unmatched: list[int]
 ) -> None:
     """Neither fails the job (a team may import part of a set, or one file for several sets), so the log
     says it where the user reads it."""

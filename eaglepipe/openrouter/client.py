@@ -31,6 +31,7 @@ import certifi
 import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from eaglepipe.chat_api import ChatRequestFields
 from eaglepipe.openrouter.accounting import Tally, bill, close_failed
 from eaglepipe.openrouter.admission import Admission
 from eaglepipe.openrouter.admission import prompt_tokens_bound as prompt_tokens_bound
@@ -46,6 +47,7 @@ from eaglepipe.openrouter.billing_api import (
 from eaglepipe.openrouter.breaker import ProviderBreaker, ProviderHealth
 from eaglepipe.openrouter.budget import REFIT_EVERY_S
 from eaglepipe.openrouter.console import ProgressLine, ProviderRow, provider_table
+from eaglepipe.openrouter.dollars import DollarBudgetParam
 from eaglepipe.openrouter.errors import one_line
 from eaglepipe.openrouter.journal import (
     FailureRecord,
@@ -138,7 +140,7 @@ class GenerationSummary:
     max_tokens: int = 0
     # The dollars the set ran under (eaglepipe/openrouter/dollars.py reads it back), and `partial` is
     # `dollar_budget` when its share of budget.usd ended it: complete for now, the rest bought on a raise.
-    dollar_budget: dict[str, Any] | None = None
+    dollar_budget: DollarBudgetParam | None = None
     partial: str | None = None
     # What else of the rule's params the set ran under, so a rerun for them is known from this file.
     fingerprint: str = ""
@@ -304,7 +306,7 @@ class _Run:
         self.tally.count_error(failure)
         self.admission.record_attempt(rate_limited=failure.shape.verdict == "throttle")
 
-    def request_fields(self) -> dict[str, Any]:
+    def request_fields(self) -> ChatRequestFields:
         return self.settings.shared_request_fields(self.health.dropped())
 
     def stop(self, reason: str, message: str) -> None:

@@ -23,15 +23,24 @@ is read first).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglepipe.config_types import Config
 
 POLICIES = ("share", "in_order")
 # How a set ends when the dollars did not stop it: its answers do not depend on budget.usd.
 ENDED_REGARDLESS_OF_DOLLARS = ("all_done", "token_budget")
+
+
+class DollarBudgetParam(TypedDict):
+    """A budget as the rule's param and the summary's `dollar_budget` hold it."""
+
+    policy: str
+    run_usd: float
+    set_usd: float | None
 
 
 @dataclass(frozen=True)
@@ -47,8 +56,8 @@ class DollarBudget:
         """A set stopped by its share is complete for now; under `in_order` it is unfinished."""
         return self.set_usd is not None
 
-    def to_param(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_param(self) -> DollarBudgetParam:
+        return {"policy": self.policy, "run_usd": self.run_usd, "set_usd": self.set_usd}
 
     @classmethod
     def from_param(cls, param: Any) -> DollarBudget:
@@ -71,7 +80,7 @@ def dollar_budget_param(
     bought_sets: list[str],
     summary_path: Path,
     responses_path: Path,
-    reruns_for: dict[str, Any] | None = None,
+    reruns_for: Mapping[str, object] | None = None,
 ) -> Any:
     """The generate rule's `dollar_budget` param (module docstring). `reruns_for`: the rule's other params
     that a summary records ({"fingerprint", "output_token_budget"}); a set whose summary differs reruns
@@ -81,7 +90,7 @@ def dollar_budget_param(
 
 
 def _key(
-    config: Config, bought_sets: list[str], summary: dict[str, Any] | None, reruns_for: dict[str, Any]
+    config: Config, bought_sets: list[str], summary: dict[str, Any] | None, reruns_for: Mapping[str, object]
 ) -> Any:
     planned = planned_budget(config, bought_sets)
     if summary is None or any(summary.get(key) != value for key, value in reruns_for.items()):

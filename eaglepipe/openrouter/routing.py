@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
-from eaglepipe.chat_api import Endpoint
+from eaglepipe.chat_api import Endpoint, ProviderPreferences
 from eaglepipe.openrouter.errors import OpenRouterError, error_detail
 from eaglepipe.openrouter.secrets import ApiKey
 
@@ -103,17 +103,16 @@ def select_endpoints(
     return kept, dropped
 
 
-def dearest_price(endpoints: list[dict[str, Any]], side: str) -> float:
+def dearest_price(endpoints: list[Endpoint], side: Literal["prompt", "completion"]) -> float:
     """USD per token of the dearest endpoint on one side ("prompt" or "completion"): an upper bound for
     budgets and plans, whichever kept endpoint ends up serving."""
     return max((float((e.get("pricing") or {}).get(side) or 0) for e in endpoints), default=0.0)
 
 
-def provider_request(kept: list[Endpoint], policy: RoutingPolicy) -> dict[str, Any]:
+def provider_request(kept: list[Endpoint], policy: RoutingPolicy) -> ProviderPreferences:
     """The request's `provider` object. Tags are sorted so a reordered endpoint list does not change
-    the request fingerprint (and thereby discard paid responses). A ProviderPreferences, left a plain dict
-    for the settings that carry it into the request."""
-    provider: dict[str, Any] = {"only": sorted({endpoint["tag"] for endpoint in kept})}
+    the request fingerprint (and thereby discard paid responses)."""
+    provider: ProviderPreferences = {"only": sorted({endpoint["tag"] for endpoint in kept})}
     if policy.quantizations:
         provider["quantizations"] = list(policy.quantizations)
     provider["allow_fallbacks"] = False

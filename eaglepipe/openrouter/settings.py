@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
+from eaglepipe.chat_api import ChatRequestFields, Endpoint, ProviderPreferences, ServerExtras
 from eaglepipe.config_types import Config, EngineSection, RoutingSection
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
@@ -25,6 +26,15 @@ class EngineShaping(TypedDict):
     top_p: float
     seed: int | None
     reasoning: dict[str, Any] | None
+
+
+class Sampling(TypedDict):
+    """What a request sends as is (a seed only when set); unlike the schema, temperature and top_p have no
+    None, so each request states them."""
+
+    temperature: float
+    top_p: float
+    seed: int | None
 
 
 class AnswerShaping(EngineShaping):
@@ -154,7 +164,7 @@ class GenerationSettings:
     model: str
     fingerprint: str
     max_tokens: int
-    sampling: dict[str, Any]
+    sampling: Sampling
     # The circuit breaker (breaker.py) and the usability probe's length (answers checked per provider).
     breaker_strikes: int
     breaker_share: float
@@ -173,7 +183,7 @@ class GenerationSettings:
     return_token_ids: bool
     # Ask for each output token's logprob and bytes (exact ids for the token stage where providers send them).
     logprobs: bool
-    provider_obj: dict[str, Any] | None = None
+    provider_obj: ProviderPreferences | None = None
     # Display names (as responses report them) of the endpoints routing kept; empty = any server.
     allowed_providers: tuple[str, ...] = ()
     # (display name, tag) of each kept endpoint: dropping a provider removes its tags from `provider.only`.
@@ -197,7 +207,7 @@ class GenerationSettings:
     # The `provider` recorded for an answer whose server names none (an engine: "vllm", "sglang").
     server_name: str | None = None
     # What a request adds to get the server's ids back in its own form (see eaglepipe/answers/engine.py).
-    extra_request_fields: dict[str, Any] = field(default_factory=dict)
+    extra_request_fields: ServerExtras = field(default_factory=lambda: ServerExtras())
 
     @classmethod
     def from_sections(
@@ -207,15 +217,15 @@ class GenerationSettings:
         model: str,
         base_url: str,
         fingerprint: str,
-        kept: list[dict[str, Any]],
-        provider_obj: dict[str, Any] | None,
+        kept: list[Endpoint],
+        provider_obj: ProviderPreferences | None,
         output_token_budget: int | None,
         dollar_budget: DollarBudget | None,
         max_failed_fraction: float,
         emulated: bool = False,
         source: str = "openrouter",
         server_name: str | None = None,
-        extra_request_fields: Mapping[str, Any] | None = None,
+        extra_request_fields: ServerExtras | None = None,
     ) -> GenerationSettings:
         """From the validated `generation` section, the endpoints routing kept (providers.json), and what
         completes a set (the budgets, `generation.max_failed_fraction`), which the rule holds as params;
@@ -255,7 +265,7 @@ class GenerationSettings:
             source=source,
             paid=source == "openrouter",
             server_name=server_name,
-            extra_request_fields=dict(extra_request_fields or {}),
+            extra_request_fields=extra_request_fields or ServerExtras(),
         )
 
     def __post_init__(self) -> None:
@@ -269,11 +279,15 @@ class GenerationSettings:
                 f"generation setting request_timeout_s = {self.request_timeout_s}: must be > 0"
             )
 
-    def shared_request_fields(self, dropped: frozenset[str] = frozenset()) -> dict[str, Any]:
+    def shared_request_fields(self, dropped: frozenset[str] = frozenset()) -> ChatRequestFields:
         """The request body minus the prompt: also what each record keeps as its `request`. Endpoints of
         `dropped` providers (display names, lower case) leave `provider.only`."""
-        fields: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
-        fields.update({key: value for key, value in self.sampling.items() if value is not None})
+        fields: ChatRequestFields = {"model": self.model, "max_tokens": self.max_tokens}
+        sampling = self.sampling
+        fields["temperature"] = sampling["temperature"]
+        fields["top_p"] = sampling["top_p"]
+        if sampling["seed"] is not None:
+            fields["seed"] = sampling["seed"]
         if self.provider_obj is not None:
             fields["provider"] = self.provider_obj
             gone = {tag for name, tag in self.endpoint_tags if name.lower() in dropped}
@@ -287,12 +301,13 @@ class GenerationSettings:
         if self.return_token_ids:
             fields["return_token_ids"] = True
         if self.logprobs:
-            fields.update(logprobs=True, top_logprobs=0)
+            fields["logprobs"] = True
+            fields["top_logprobs"] = 0
         fields.update(self.extra_request_fields)
         return fields
 
 
-def max_request_usd(endpoints: list[dict[str, Any]], max_tokens: int) -> float:
+def max_request_usd(endpoints: list[Endpoint], max_tokens: int) -> float:
     """An upper bound on one request's output cost: the dearest kept endpoint at max_tokens."""
     return dearest_price(endpoints, "completion") * max_tokens
 
