@@ -16,7 +16,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eaglepipe"
 LAYERS = [
     ["eaglepipe.errors"],
     ["eaglepipe.layout"],  # below the config, which reads targets back through it
-    ["eaglepipe", "eaglepipe.io", "eaglepipe.progress", "eaglepipe.config", "eaglepipe.processes"],
+    [
+        "eaglepipe",
+        "eaglepipe.io",
+        "eaglepipe.messages",  # the chat records the prompts, the responses and the target share
+        "eaglepipe.progress",
+        "eaglepipe.config",
+        "eaglepipe.processes",
+    ],
     ["eaglepipe.envs"],
     ["eaglepipe.target", "eaglepipe.prompts", "eaglepipe.responses"],
     ["eaglepipe.tokens"],

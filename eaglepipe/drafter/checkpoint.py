@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from eaglepipe.io import atomic_write
+from eaglepipe.target.architecture import ModelConfig
 
 log = logging.getLogger(__name__)
 NAME = "latest.pt"
@@ -26,7 +27,7 @@ NOT_SHAPING = ("checkpoint_every", "device")
 
 
 def training_fingerprint(
-    manifest_shas: list[str], holdout_ids: set[str], target_config: dict, settings: dict
+    manifest_shas: list[str], holdout_ids: set[str], target_config: ModelConfig, settings: dict
 ) -> str:
     shaping = {k: v for k, v in settings.items() if k not in NOT_SHAPING}
     text = json.dumps([manifest_shas, sorted(holdout_ids), target_config, shaping], sort_keys=True)

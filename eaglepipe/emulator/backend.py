@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from eaglepipe.messages import Message, Tool
+
 if TYPE_CHECKING:
     from eaglepipe.emulator.completion import Completion
     from eaglepipe.emulator.providers import Endpoint
@@ -75,7 +77,7 @@ class PromptText(Protocol):
     `thinking`: the request leaves reasoning on (a target that cannot reason ignores it)."""
 
     def prompt_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+        self, messages: list[Message], tools: list[Tool] | None, *, thinking: bool
     ) -> list[int]: ...
 
     def token_bytes(self, token_id: int) -> bytes: ...

@@ -12,6 +12,7 @@ from typing import Any
 
 from eaglepipe.emulator.providers import ReplyHabits
 from eaglepipe.emulator.text_like import SECTION_BEGIN, SWITCHES, EngineReply, detokenize, engine_reply
+from eaglepipe.messages import ToolCall
 from eaglepipe.target.tokenizer import TargetTokenizer
 
 PIECE_CHARS = 16  # characters of reasoning, content or arguments per streamed delta
@@ -39,11 +40,13 @@ def provider_reply(
         text = detokenize(tokenizer, ids, switch)
         if (cut := text.find(SECTION_BEGIN)) >= 0:
             content += text[cut:]
-    calls = [{**call, "id": _call_id(habits, call, n)} for n, call in enumerate(reply.tool_calls)]
+    calls: list[ToolCall] = [
+        {**call, "id": _call_id(habits, call, n)} for n, call in enumerate(reply.tool_calls)
+    ]
     return replace(reply, content=content, tool_calls=calls)
 
 
-def _call_id(habits: ReplyHabits, call: dict[str, Any], position: int) -> str:
+def _call_id(habits: ReplyHabits, call: ToolCall, position: int) -> str:
     if habits.tool_ids == "call_random":
         return "call_" + secrets.token_hex(12)
     if habits.tool_ids == "renumbered":
@@ -66,7 +69,7 @@ def reasoning_delta(piece: str, habits: ReplyHabits) -> dict[str, Any]:
     return delta
 
 
-def call_deltas(position: int, call: dict[str, Any], habits: ReplyHabits) -> list[dict[str, Any]]:
+def call_deltas(position: int, call: ToolCall, habits: ReplyHabits) -> list[dict[str, Any]]:
     """One call's deltas: its id, type and name, then its arguments in pieces."""
     index = 0 if habits.tool_index == "zero" else position
     function = call["function"]

@@ -28,9 +28,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from eaglepipe.errors import EaglepipeError
+from eaglepipe.messages import Message, Tool, ToolCall
 from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
@@ -158,6 +159,21 @@ class TinyTargetError(EaglepipeError, ValueError):
     """A tiny target that cannot be built as asked: one line."""
 
 
+class TeacherConversation(TypedDict):
+    """One line of a teacher-prompts file: a conversation to answer, with its tools."""
+
+    messages: list[Message]
+    tools: NotRequired[list[Tool]]
+
+
+class TeacherAnswer(TypedDict):
+    """The answer taught for a conversation, in Kimi's parts (`completion_segments`' keywords)."""
+
+    reasoning: str
+    content: str
+    tool_calls: list[ToolCall] | None
+
+
 @dataclass(frozen=True)
 class TeacherSample:
     prompt_ids: list[int]
@@ -191,8 +207,10 @@ ANSWERS = {
 }
 
 
-def request_kind(messages: list[dict[str, Any]]) -> str:
-    last = messages[-1] if messages else {}
+def request_kind(messages: list[Message]) -> str:
+    if not messages:
+        return "chat"
+    last = messages[-1]
     if last.get("role") == "tool":
         return "tool_result"
     text = str(last.get("content") or "").lower()
@@ -205,7 +223,7 @@ def request_kind(messages: list[dict[str, Any]]) -> str:
     return "chat"
 
 
-def teacher_answer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+def teacher_answer(messages: list[Message], tools: list[Tool] | None) -> TeacherAnswer:
     """What the tiny target is taught to answer: reasoning, content and tool calls in Kimi's structure.
     A conversation with tools gets a call to its first tool, unless it ends in that tool's result; the call
     names the tool once and passes no arguments, as copying names out of the prompt is what a model this
@@ -213,7 +231,7 @@ def teacher_answer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] |
     kind = request_kind(messages)
     if tools and kind != "tool_result":
         name = tools[0]["function"]["name"]
-        call = {
+        call: ToolCall = {
             "id": f"functions.{name}:{tool_history(messages)}",
             "type": "function",
             "function": {
@@ -230,7 +248,9 @@ def teacher_answer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] |
     return {"reasoning": reasoning, "content": content, "tool_calls": None}
 
 
-def teacher_samples(tokenizer: KimiTokenizer, conversations: list[dict[str, Any]]) -> list[TeacherSample]:
+def teacher_samples(
+    tokenizer: KimiTokenizer, conversations: list[TeacherConversation]
+) -> list[TeacherSample]:
     """Each conversation rendered as a thinking turn (tools declared in TypeScript, as Kimi's template
     does), with its teacher answer."""
     chat = chat_format_for(tokenizer)
@@ -245,8 +265,8 @@ def teacher_samples(tokenizer: KimiTokenizer, conversations: list[dict[str, Any]
     return samples
 
 
-def read_conversations(paths: list[Path]) -> list[dict[str, Any]]:
-    conversations = []
+def read_conversations(paths: list[Path]) -> list[TeacherConversation]:
+    conversations: list[TeacherConversation] = []
     for path in paths:
         for number, line in enumerate(Path(path).read_text().splitlines(), 1):
             if not line.strip():
@@ -378,7 +398,7 @@ def target_config(name: str) -> dict[str, Any]:
     }
 
 
-def recipe_fingerprint(conversations: list[dict[str, Any]]) -> str:
+def recipe_fingerprint(conversations: list[TeacherConversation]) -> str:
     """Changes whenever the trained weights would (teacher prompts included)."""
     recipe = [
         RECIPE_VERSION,
