@@ -207,7 +207,7 @@ def billed_difference(run: RunOutputs) -> Figure:
 def hidden_states(run: RunOutputs) -> Figure:
     fig, (tokens_ax, disk_ax) = plt.subplots(1, 2, figsize=(9, 0.45 * len(run.sets) + 2))
     names = [item.name for item in run.sets]
-    tokens = [(item.hidden or {}).get("num_tokens", 0) for item in run.sets]
+    tokens = [item.hidden.get("num_tokens", 0) if item.hidden else 0 for item in run.sets]
     disk = [hidden_bytes(item.hidden) if item.hidden else 0 for item in run.sets]
     unit, scale = next(((u, s) for u, s in DISK_UNITS if max(disk, default=0) >= s), DISK_UNITS[-1])
     tokens_ax.barh(names, tokens, color="tab:blue")
