@@ -18,6 +18,8 @@ from eaglepipe.responses import iter_responses
 from eaglepipe.tokens.token_file import TokenStats, read_token_stats
 
 if TYPE_CHECKING:  # the figures import no torch
+    from eaglepipe.drafter.evaluate import EvalReport
+    from eaglepipe.drafter.train import TrainReport
     from eaglepipe.hidden.extract import HiddenManifest
 
 
@@ -49,8 +51,8 @@ class SetOutputs:
 class RunOutputs:
     sets: list[SetOutputs]
     ledger: list[dict[str, Any]] = field(default_factory=list)  # billed lines of the run-wide ledger
-    train: dict[str, Any] | None = None  # drafter/train.json
-    eval: dict[str, Any] | None = None  # drafter/eval.json
+    train: TrainReport | None = None  # drafter/train.json
+    eval: EvalReport | None = None  # drafter/eval.json
 
 
 def read_json(path: Path | None) -> Any:

@@ -121,15 +121,15 @@ def run_table(run: RunOutputs, *, emulated: bool = False) -> str:
     if dropped:
         lines.append(dropped)
     lines.append("round trip: the server's ids rebuilt from the text alone (exact, same length, off)")
-    evaluation = run.eval or {}
-    methods = evaluation.get("methods", {})
+    evaluation = run.eval
+    methods = evaluation.get("methods", {}) if evaluation else {}
     if methods:
         cells = [
             f"{label} {methods[name]['acceptance_length']}"
             for name, label in METHOD_LABELS.items()
             if name in methods
         ]
-        held_out = evaluation.get("held_out_prompts", DASH)
+        held_out = evaluation.get("held_out_prompts", DASH) if evaluation else DASH
         lines.append(f"acceptance length on {held_out} held-out prompts: " + ", ".join(cells))
     else:
         lines.append("acceptance length: - (no drafter/eval.json yet)")
