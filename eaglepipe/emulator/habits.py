@@ -10,9 +10,9 @@ import secrets
 from dataclasses import replace
 from typing import Any
 
+from eaglepipe import messages
 from eaglepipe.emulator.providers import ReplyHabits
 from eaglepipe.emulator.text_like import SECTION_BEGIN, SWITCHES, EngineReply, detokenize, engine_reply
-from eaglepipe.messages import ToolCall
 from eaglepipe.target.tokenizer import TargetTokenizer
 
 PIECE_CHARS = 16  # characters of reasoning, content or arguments per streamed delta
@@ -40,13 +40,13 @@ def provider_reply(
         text = detokenize(tokenizer, ids, switch)
         if (cut := text.find(SECTION_BEGIN)) >= 0:
             content += text[cut:]
-    calls: list[ToolCall] = [
+    calls: list[messages.ToolCall] = [
         {**call, "id": _call_id(habits, call, n)} for n, call in enumerate(reply.tool_calls)
     ]
     return replace(reply, content=content, tool_calls=calls)
 
 
-def _call_id(habits: ReplyHabits, call: ToolCall, position: int) -> str:
+def _call_id(habits: ReplyHabits, call: messages.ToolCall, position: int) -> str:
     if habits.tool_ids == "call_random":
         return "call_" + secrets.token_hex(12)
     if habits.tool_ids == "renumbered":
@@ -69,7 +69,7 @@ def reasoning_delta(piece: str, habits: ReplyHabits) -> dict[str, Any]:
     return delta
 
 
-def call_deltas(position: int, call: ToolCall, habits: ReplyHabits) -> list[dict[str, Any]]:
+def call_deltas(position: int, call: messages.ToolCall, habits: ReplyHabits) -> list[dict[str, Any]]:
     """One call's deltas: its id, type and name, then its arguments in pieces."""
     index = 0 if habits.tool_index == "zero" else position
     function = call["function"]
