@@ -1,7 +1,8 @@
 """The OpenAI/OpenRouter chat-completions wire payloads, as OpenRouter's API description gives them.
 
 One set of types for both sides: the emulator builds these bodies and the OpenRouter client reads them, so a
-field renamed on one side shows up on the other. Keys the description leaves optional are NotRequired.
+field renamed on one side shows up on the other. A conversation's turns, tools and tool calls are the
+records every stage holds (eaglepipe/messages.py). Keys the description leaves optional are NotRequired.
 Finish reasons stay `str`: providers send their own words (`end_turn`, `SAFETY`), which the client's reply
 taxonomy has to see as sent; `FinishReason` is the set OpenRouter documents.
 """
@@ -9,6 +10,8 @@ taxonomy has to see as sent; `FinishReason` is the set OpenRouter documents.
 from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
+
+from eaglepipe.messages import Message, Tool, ToolCall
 
 FinishReason = Literal["tool_calls", "stop", "length", "content_filter", "error"]
 Quantization = Literal[
@@ -43,17 +46,6 @@ class ProviderPreferences(TypedDict, total=False):
     sort: Literal["price", "throughput", "latency"]
     max_price: MaxPrice
     data_collection: Literal["allow", "deny"]
-
-
-class RequestMessage(TypedDict):
-    """A conversation turn as the request sends it (system, developer, user, assistant or tool)."""
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: NotRequired[str | list[dict[str, Any]] | None]  # text, or content parts (text, image, ...)
-    name: NotRequired[str]
-    tool_calls: NotRequired[list[ToolCall]]
-    tool_call_id: NotRequired[str]
-    reasoning: NotRequired[str | None]
 
 
 class UsageRequest(TypedDict):
@@ -94,22 +86,11 @@ class ChatRequestFields(ServerExtras):
 class ChatRequestBody(ChatRequestFields):
     """The `/chat/completions` request body, the fields this pipeline sends."""
 
-    messages: list[RequestMessage]
-    tools: NotRequired[list[dict[str, Any]]]  # JSON Schema inside: open by nature
+    messages: list[Message]
+    tools: NotRequired[list[Tool]]
 
 
 # --- the answer --------------------------------------------------------------------------------------------
-
-
-class FunctionCall(TypedDict):
-    name: str
-    arguments: str  # JSON text, as the model wrote it
-
-
-class ToolCall(TypedDict):
-    id: str
-    type: Literal["function"]
-    function: FunctionCall
 
 
 class FunctionCallDelta(TypedDict, total=False):

@@ -22,6 +22,7 @@ from typing import Any, NotRequired, TypedDict
 from eaglepipe.chat_api import ChatRequestFields
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import atomic_write, json_lines
+from eaglepipe.messages import ToolCall
 
 
 class ResponseError(EaglepipeError, ValueError):
@@ -38,19 +39,27 @@ class ResponseUsage(TypedDict):
     cost: float | None
 
 
+class FinishEvidence(TypedDict):
+    """Why a reply that gave no `finish_reason` was judged finished: the shape of its end, and the
+    provider's own reason where it sent one."""
+
+    shape: str
+    native: NotRequired[str]
+
+
 class ResponseBody(TypedDict):
     """The answer itself (`response`): the text, and the ids and logprobs where the server returned them."""
 
     content: str
     reasoning: str | None
-    tool_calls: list[dict[str, Any]]
+    tool_calls: list[ToolCall]
     finish_reason: str
     token_ids: NotRequired[list[int]]
     prompt_token_ids: NotRequired[list[int]]
     logprobs: NotRequired[dict[str, Any]]
     reasoning_details: NotRequired[list[Any]]
     reasoning_encrypted: NotRequired[bool]
-    finish_evidence: NotRequired[dict[str, Any]]
+    finish_evidence: NotRequired[FinishEvidence]
 
 
 class ReplyFields(TypedDict):

@@ -9,14 +9,15 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eaglepipe"
-# Lowest first: the base of every stage's errors with the config's shape and the chat API's wire payloads
-# (built by the emulator, read by the client), the results layout, the ground floor, the target's facts, the
-# prompts and the response record (written by generation and the answer sources, read by the token stage
-# below them), then the stages in pipeline order (the emulator is generation's stand-in API; answers from
-# elsewhere reuse generation's readers), then what looks over the whole run.
+# Lowest first: the base of every stage's errors with the records every layer holds (a chat's turns, tools and
+# calls; the config's shape), the chat API's wire payloads (built by the emulator, read by the client) and the
+# results layout, the ground floor, the target's facts, the prompts and the response record (written by
+# generation and the answer sources, read by the token stage below them), then the stages in pipeline order
+# (the emulator is generation's stand-in API; answers from elsewhere reuse generation's readers), then what
+# looks over the whole run.
 LAYERS = [
-    ["eaglepipe.errors", "eaglepipe.config_types", "eaglepipe.chat_api"],
-    ["eaglepipe.layout"],  # below the config, which reads targets back through it
+    ["eaglepipe.errors", "eaglepipe.messages", "eaglepipe.config_types"],
+    ["eaglepipe.chat_api", "eaglepipe.layout"],  # the layout sits below the config, which reads paths back
     ["eaglepipe", "eaglepipe.io", "eaglepipe.progress", "eaglepipe.config", "eaglepipe.processes"],
     ["eaglepipe.envs"],
     ["eaglepipe.target", "eaglepipe.prompts", "eaglepipe.responses"],

@@ -22,6 +22,7 @@ from eaglepipe.answers.job import AnswersJob
 from eaglepipe.chat_api import ChatRequestFields
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import write_json
+from eaglepipe.messages import ToolCall
 from eaglepipe.prompts.ids import prompt_id
 from eaglepipe.prompts.records import PromptRecord, read_prompt_set
 from eaglepipe.prompts.validate import PromptError, validate_record
@@ -306,13 +307,13 @@ def _text(value: Any, key: str, where: str) -> str | None:
                             f"{type(value).__name__}; {FIX}")
 
 
-def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+def _tool_calls(calls: Any, where: str) -> list[ToolCall]:
     """OpenAI's shape, with arguments as the JSON string OpenAI sends (an object is dumped to one)."""
     if calls is None:
         return []
     if not isinstance(calls, list):
         raise AnswerImportError(f"{where}: the answer's `tool_calls` must be a list; {FIX}")
-    out = []
+    out: list[ToolCall] = []
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):

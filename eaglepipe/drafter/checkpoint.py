@@ -13,11 +13,31 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
+from torch import Tensor
 
 from eaglepipe.io import atomic_write
+from eaglepipe.target.architecture import ModelConfig
+
+
+class TrainingState(TypedDict):
+    """Everything a killed training resumes from, at the end of step `step`. The optimizer's and the
+    scheduler's are torch's own state dicts."""
+
+    fingerprint: str
+    step: int
+    drafter: dict[str, Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    order_generator: Tensor
+    torch_rng: Tensor
+    epoch_order: list[int]
+    position: int
+    losses: list[float]
+    tokens_seen: int
+    window: list[tuple[Tensor, Tensor]]
 
 log = logging.getLogger(__name__)
 NAME = "latest.pt"
@@ -26,20 +46,20 @@ NOT_SHAPING = ("checkpoint_every", "device")
 
 
 def training_fingerprint(
-    manifest_shas: list[str], holdout_ids: set[str], target_config: dict, settings: dict
+    manifest_shas: list[str], holdout_ids: set[str], target_config: ModelConfig, settings: dict
 ) -> str:
     shaping = {k: v for k, v in settings.items() if k not in NOT_SHAPING}
     text = json.dumps([manifest_shas, sorted(holdout_ids), target_config, shaping], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def save_checkpoint(directory: Path, state: dict[str, Any]) -> None:
+def save_checkpoint(directory: Path, state: TrainingState) -> None:
     path = Path(directory) / NAME
     atomic_write(path, lambda tmp: torch.save(state, tmp))
     log.info("%s: checkpoint at step %d", path, state["step"])
 
 
-def load_checkpoint(directory: Path | None, fingerprint: str) -> dict[str, Any] | None:
+def load_checkpoint(directory: Path | None, fingerprint: str) -> TrainingState | None:
     """The latest checkpoint of this very training, or None (none, unreadable, or another training's)."""
     if directory is None:
         return None

@@ -10,14 +10,14 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import Tensor
 
 from eaglepipe.drafter import DrafterError
-from eaglepipe.hidden.shards import StateCodec, read_shard_metadata, state_codec
+from eaglepipe.hidden.extract import HiddenManifest
+from eaglepipe.hidden.shards import ManifestShard, StateCodec, read_shard_metadata, state_codec
 from eaglepipe.io import file_sha256
 
 SHARD_TENSORS = ("aux", "final", "input_ids", "loss_mask", "offsets")
@@ -129,9 +129,9 @@ def _add_counts(total: Tensor, more: Tensor) -> Tensor:
     return total
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _read_manifest(path: Path) -> HiddenManifest:
     try:
-        manifest = json.loads(path.read_text())
+        manifest: HiddenManifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise DrafterError(f"{path}: cannot read the manifest ({err}): rerun the hidden stage") from None
     for key in ("shards", "prompt_ids", "aux_layer_ids", "hidden_size", "dtype"):
@@ -144,7 +144,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 
 
 def _check_shard(
-    manifest_path: Path, manifest: dict[str, Any], entry: dict[str, Any], shard: Path
+    manifest_path: Path, manifest: HiddenManifest, entry: ManifestShard, shard: Path
 ) -> tuple[list[str], Tensor, Tensor, Tensor]:
     """(prompt ids, offsets, input_ids, loss_mask) of a shard that matches its manifest entry."""
     if not shard.is_file():

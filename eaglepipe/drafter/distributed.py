@@ -15,13 +15,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from eaglepipe.drafter import DrafterError
-from eaglepipe.drafter.train import TrainSettings, train_drafter
+from eaglepipe.drafter.train import TrainReport, TrainSettings, train_drafter
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ def train_data_parallel(
     checkpoint_dir: Path | None = None,
     set_names: list[str] | None = None,
     snapshot_dir: Path | None = None,
-) -> dict[str, Any]:
+) -> TrainReport:
     """`train_drafter` over `processes` ranks (GPUs when `settings.device` is cuda, else CPU processes
     talking over gloo); the report of rank 0. With one process, trains here."""
     if processes <= 1:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import torch
 from torch import Tensor
@@ -30,6 +30,87 @@ from eaglepipe.target.load import load_target, load_target_tokenizer
 
 PROMPT_LOOKUP_MAX_NGRAM = 3
 ENGINE = "eaglepipe draft-and-verify loop (transformers target, greedy, one draft chain)"
+
+
+class Acceptance(TypedDict):
+    """One method's acceptance over some runs (`_acceptance`): ours, and vLLM's counts beside it."""
+
+    acceptance_length: float | None
+    target_forwards: int
+    tokens: int
+    accepted_drafts: int
+    accepted_per_position: list[int]
+    acceptance_rate_per_position: list[float | None]
+
+
+class PromptLabel(TypedDict, total=False):
+    """Which prompt a per-prompt entry is (absent when the caller named none)."""
+
+    prompt_id: str
+    set: str
+
+
+class PromptAcceptance(PromptLabel, Acceptance):
+    pass
+
+
+class MethodReport(Acceptance):
+    per_prompt: list[PromptAcceptance]
+
+
+class EvalRunSettings(TypedDict):
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    max_new_tokens: int
+    batch_size: int
+    seed: int
+    decoding: str
+    device: str
+    dtype: str
+
+
+class PromptRef(TypedDict):
+    id: str
+    set: str
+
+
+class EvalReport(TypedDict):
+    """eval.json (docs/formats.md); the figures read it. `prompts` and `per_set` where the prompts were
+    named."""
+
+    methods: dict[str, MethodReport]
+    held_out_prompts: int
+    outputs_identical_across_methods: bool
+    k: int
+    engine: str
+    seconds: float
+    settings: EvalRunSettings
+    prompts: NotRequired[list[PromptRef]]
+    per_set: NotRequired[dict[str, dict[str, Acceptance]]]
+
+
+class CurvePoint(Acceptance):
+    step: int
+    tokens_seen: int
+
+
+class CurveSettings(TypedDict):
+    max_new_tokens: int
+    batch_size: int
+    seed: int
+    dtype: str
+
+
+class CurveReport(TypedDict):
+    """curve.json: acceptance by drafter training kept, beside the untrained drafter and prompt lookup."""
+
+    points: list[CurvePoint]
+    prompt_lookup: Acceptance
+    held_out_prompts: int
+    k: int
+    engine: str
+    settings: CurveSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,7 +415,7 @@ def evaluate(
     *,
     prompt_ids: list[str] | None = None,
     prompt_sets: list[str] | None = None,
-) -> dict[str, Any]:
+) -> EvalReport:
     """eval.json: acceptance of the exported drafter, an untrained one and prompt lookup on `prompts`.
 
     The prompts go `batch_size` at a time, each with a row per method, through one target forward per round.
@@ -356,7 +437,7 @@ def evaluate(
         "prompt_lookup": PromptLookupProposer,
     }
     # Each per-prompt entry names its prompt, so a figure or a reader can trace it to its set.
-    labels: list[dict[str, str]] = (
+    labels: list[PromptLabel] = (
         [{"prompt_id": pid, "set": ds} for pid, ds in zip(prompt_ids, prompt_sets, strict=True)]
         if prompt_ids is not None and prompt_sets is not None
         else [{} for _ in prompts]
@@ -364,7 +445,7 @@ def evaluate(
     started = time.perf_counter()
     runs_by_method = _generate_all(target, prompts, methods, num_steps, max_new_tokens, batch_size, stop_id)
     seconds = round(time.perf_counter() - started, 2)
-    report = {
+    report: dict[str, MethodReport] = {
         name: {
             **_acceptance(runs, num_steps),
             "per_prompt": [
@@ -374,7 +455,7 @@ def evaluate(
         for name, runs in runs_by_method.items()
     }
     outputs = {name: [run.tokens for run in runs] for name, runs in runs_by_method.items()}
-    result: dict[str, Any] = {
+    result: EvalReport = {
         "methods": report,
         "held_out_prompts": len(prompts),
         "outputs_identical_across_methods": len({str(o) for o in outputs.values()}) == 1,
@@ -411,7 +492,7 @@ def learning_curve(
     target_dir: Path,
     prompts: list[list[int]],
     settings: EvalSettings,
-) -> dict[str, Any]:
+) -> CurveReport:
     """curve.json: acceptance on `prompts` of each drafter training kept (`snapshot_dir/index.json`, the
     last point being the final drafter in `final_dir`), beside the untrained drafter (0 tokens seen) and
     prompt lookup, measured exactly as `evaluate` measures them (one chain of `settings.num_steps`)."""
@@ -435,7 +516,7 @@ def learning_curve(
     methods["prompt_lookup"] = PromptLookupProposer
     runs = _generate_all(target, prompts, methods, num_steps, max_new_tokens, batch_size, stop_id)
     measured = {name: _acceptance(method_runs, num_steps) for name, method_runs in runs.items()}
-    points = [{"step": 0, "tokens_seen": 0, **measured["untrained"]}] + [
+    points: list[CurvePoint] = [{"step": 0, "tokens_seen": 0, **measured["untrained"]}] + [
         {"step": point["step"], "tokens_seen": point["tokens_seen"], **measured[f"step {point['step']}"]}
         for point in index
     ]
@@ -503,7 +584,7 @@ def untrained_like(drafter: Eagle3Drafter, seed: int) -> Eagle3Drafter:
     return fresh.to(drafter.embed_tokens.weight.dtype).eval()
 
 
-def _acceptance(runs: list[Generation], num_steps: int) -> dict[str, Any]:
+def _acceptance(runs: list[Generation], num_steps: int) -> Acceptance:
     """Our acceptance length (emitted tokens per verify forward) and vLLM's counts for the same runs.
 
     vLLM's mean acceptance length is 1 + accepted_drafts / target_forwards; it exceeds ours only by the

@@ -21,7 +21,12 @@ from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.frozen import load_target_embeddings
 from eaglepipe.drafter.model import Eagle3Config, Eagle3Drafter, PackedRows, self_attention
 from eaglepipe.io import atomic_write, write_json
-from eaglepipe.target.layer_ids import aux_layers_as_read, check_engines_agree, served_config_keys
+from eaglepipe.target.layer_ids import (
+    ServedLayerKeys,
+    aux_layers_as_read,
+    check_engines_agree,
+    served_config_keys,
+)
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 NOT_EXPORTED = ("embed_tokens.weight",)  # the server takes the target's embedding
@@ -35,7 +40,30 @@ STACKED_PARAMS = (
 )
 
 
-def config_json(config: Eagle3Config) -> dict[str, Any]:
+class DrafterConfigJson(ServedLayerKeys):
+    """The exported drafter's config.json: a one-layer Llama config with EAGLE-3's keys."""
+
+    architectures: list[str]
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_hidden_layers: int
+    hidden_act: str
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: None
+    max_position_embeddings: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    tie_word_embeddings: bool
+    torch_dtype: str
+
+
+def config_json(config: Eagle3Config) -> DrafterConfigJson:
     check_engines_agree(config.aux_layer_ids)
     return {
         "architectures": [ARCHITECTURE],
@@ -101,7 +129,7 @@ class TargetReference:
 
 
 def write_serving_readme(
-    path: Path, drafter_config: dict[str, Any], target: TargetReference, *, num_steps: int
+    path: Path, drafter_config: DrafterConfigJson, target: TargetReference, *, num_steps: int
 ) -> None:
     """The README beside the checkpoint: how to carry it to a serving node and serve it with its target
     (vLLM, SGLang), by the target's name, never by a path of the training node."""

@@ -11,37 +11,95 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eaglepipe.drafter import DrafterError
-from eaglepipe.drafter.export import ARCHITECTURE, TargetReference
+from eaglepipe.drafter.export import ARCHITECTURE, DrafterConfigJson, TargetReference
 from eaglepipe.io import atomic_write, write_json
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release the format was checked against (tests)
-LAYER_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rms_norm_eps",
-    "rope_theta",
-    "rope_scaling",
-    "max_position_embeddings",
-    "vocab_size",
-    "hidden_act",
-    "tie_word_embeddings",
-)
+
+
+class TransformerLayerConfig(TypedDict):
+    """The draft layer's Llama config, copied from our exported config.json."""
+
+    model_type: str
+    num_hidden_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: None
+    max_position_embeddings: int
+    vocab_size: int
+    hidden_act: str
+    tie_word_embeddings: bool
+
+
+class ProposalMethod(TypedDict):
+    proposal_type: str
+    speculative_tokens: int
+    verifier_accept_k: int
+    accept_tolerance: float
+
+
+class Verifier(TypedDict):
+    name_or_path: str
+    architectures: list[str]
+
+
+class SpeculatorsSection(TypedDict):
+    algorithm: str
+    proposal_methods: list[ProposalMethod]
+    default_proposal_method: str
+    verifier: Verifier
+
+
+class SpeculatorsConfig(TypedDict):
+    """config.json of the speculators format."""
+
+    architectures: list[str]
+    speculators_model_type: str
+    speculators_version: str
+    speculators_config: SpeculatorsSection
+    transformer_layer_config: TransformerLayerConfig
+    draft_vocab_size: int
+    norm_before_residual: bool
+    target_hidden_size: int
+    eagle_aux_hidden_state_layer_ids: list[int]
+    torch_dtype: str
 
 
 def speculators_config(
-    exported: dict[str, Any], *, verifier: str, verifier_architectures: list[str], num_speculative_tokens: int
-) -> dict[str, Any]:
+    exported: DrafterConfigJson,
+    *,
+    verifier: str,
+    verifier_architectures: list[str],
+    num_speculative_tokens: int,
+) -> SpeculatorsConfig:
     """config.json of the speculators format, from our exported config.json."""
-    layer = {"model_type": "llama", "num_hidden_layers": 1, **{key: exported[key] for key in LAYER_KEYS}}
+    layer: TransformerLayerConfig = {
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": exported["hidden_size"],
+        "intermediate_size": exported["intermediate_size"],
+        "num_attention_heads": exported["num_attention_heads"],
+        "num_key_value_heads": exported["num_key_value_heads"],
+        "head_dim": exported["head_dim"],
+        "rms_norm_eps": exported["rms_norm_eps"],
+        "rope_theta": exported["rope_theta"],
+        "rope_scaling": exported["rope_scaling"],
+        "max_position_embeddings": exported["max_position_embeddings"],
+        "vocab_size": exported["vocab_size"],
+        "hidden_act": exported["hidden_act"],
+        "tie_word_embeddings": exported["tie_word_embeddings"],
+    }
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",

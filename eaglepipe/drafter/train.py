@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor
@@ -97,6 +97,40 @@ class TrainSettings:
             raise DrafterError(f"training setting dtype {self.dtype!r}: use float32, bfloat16 or float16")
 
 
+class LossPoint(TypedDict):
+    step: int
+    loss: float
+
+
+class ManifestRef(TypedDict):
+    manifest: str
+    sha256: str
+
+
+class TrainReport(TypedDict):
+    """train.json (docs/formats.md); the figures read it. `settings` is `TrainSettings` as asdict makes it."""
+
+    steps: int
+    epochs: float
+    data_parallel_ranks: int
+    tokens_seen: int
+    tokens_per_second: float
+    loss_curve: list[LossPoint]
+    ttt_accuracy: list[float | None]
+    ttt_accuracy_window_steps: int
+    train_samples: int
+    train_samples_by_set: dict[str, int]
+    train_tokens: int
+    held_out_prompt_ids: list[str]
+    held_out_with_hidden_states: int
+    data: list[ManifestRef]
+    resumed_from_step: int | None
+    draft_vocab_size: int
+    aux_layer_ids: list[int]
+    settings: dict[str, Any]
+    seconds: float
+
+
 @dataclass
 class Batch:
     aux: Tensor  # [B, L, 3H] float32
@@ -117,7 +151,7 @@ def train_drafter(
     checkpoint_dir: Path | None = None,
     set_names: list[str] | None = None,
     snapshot_dir: Path | None = None,
-) -> dict[str, Any]:
+) -> TrainReport:
     """Train on every sample not held out and export to `out_dir`; return the report (train.json). With a
     `checkpoint_dir` and `settings.checkpoint_every`, a killed training resumes from its latest checkpoint.
     `set_names` name the manifests' prompt sets, for `settings.set_weights`. With `settings.curve_points`,
@@ -169,7 +203,7 @@ def train_drafter(
         remove_checkpoint(checkpoint_dir)
     correct, counted = (torch.stack(column).sum(0) for column in zip(*progress.window, strict=True))
     losses = progress.losses
-    report = {
+    report: TrainReport = {
         "steps": len(losses),
         "epochs": round(len(losses) * ranks.size * settings.batches_per_step / len(batches), 3),
         "data_parallel_ranks": ranks.size,

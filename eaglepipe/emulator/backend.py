@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from eaglepipe.chat_api import MessageFields, StreamDelta
+from eaglepipe.messages import Message, Tool
 
 if TYPE_CHECKING:
     from eaglepipe.emulator.completion import Completion
@@ -77,7 +78,7 @@ class PromptText(Protocol):
     `thinking`: the request leaves reasoning on (a target that cannot reason ignores it)."""
 
     def prompt_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+        self, messages: list[Message], tools: list[Tool] | None, *, thinking: bool
     ) -> list[int]: ...
 
     def token_bytes(self, token_id: int) -> bytes: ...

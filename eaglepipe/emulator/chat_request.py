@@ -7,6 +7,7 @@ from typing import Any, TypedDict
 
 from eaglepipe.emulator.errors import ApiError
 from eaglepipe.emulator.providers import FULL_PARAMETERS, Endpoint
+from eaglepipe.messages import Message, Tool
 
 # Request fields that count as parameters for `provider.require_parameters`; beyond FULL_PARAMETERS
 # the emulator implements none, so an endpoint never lists them and they are silently ignored.
@@ -71,15 +72,16 @@ def _text_content(content: Any, index: int) -> str:
     raise _bad(f"messages[{index}].content must be a string or a list of text parts")
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(body: dict[str, Any]) -> list[Message]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages must be a non-empty list")
-    checked = []
+    checked: list[Message] = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
             raise _bad(f"messages[{index}] must be an object with role one of {sorted(_ROLES)}")
-        checked.append({**message, "content": _text_content(message.get("content"), index)})
+        content = _text_content(message.get("content"), index)
+        checked.append({**message, "role": message["role"], "content": content})
     return checked
 
 
@@ -95,8 +97,8 @@ class Sampling(TypedDict):
 @dataclass(frozen=True)
 class ChatRequest:
     model: str
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
+    messages: list[Message]
+    tools: list[Tool] | None
     provider: dict[str, Any] | None
     max_tokens: int | None
     temperature: float

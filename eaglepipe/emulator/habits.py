@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import replace
-from typing import Any
 
-from eaglepipe.chat_api import MessageFields, ReasoningDetail, StreamDelta, ToolCall, ToolCallDelta
+from eaglepipe.chat_api import MessageFields, ReasoningDetail, StreamDelta, ToolCallDelta
 from eaglepipe.emulator.providers import ReplyHabits
 from eaglepipe.emulator.text_like import SECTION_BEGIN, SWITCHES, EngineReply, detokenize, engine_reply
+from eaglepipe.messages import ToolCall
 from eaglepipe.target.tokenizer import TargetTokenizer
 
 PIECE_CHARS = 16  # characters of reasoning, content or arguments per streamed delta
@@ -40,11 +40,13 @@ def provider_reply(
         text = detokenize(tokenizer, ids, switch)
         if (cut := text.find(SECTION_BEGIN)) >= 0:
             content += text[cut:]
-    calls = [{**call, "id": _call_id(habits, call, n)} for n, call in enumerate(reply.tool_calls)]
+    calls: list[ToolCall] = [
+        {**call, "id": _call_id(habits, call, n)} for n, call in enumerate(reply.tool_calls)
+    ]
     return replace(reply, content=content, tool_calls=calls)
 
 
-def _call_id(habits: ReplyHabits, call: dict[str, Any], position: int) -> str:
+def _call_id(habits: ReplyHabits, call: ToolCall, position: int) -> str:
     if habits.tool_ids == "call_random":
         return "call_" + secrets.token_hex(12)
     if habits.tool_ids == "renumbered":

@@ -11,8 +11,6 @@ drops it at `</think>`), a tool call until it is closed, and content that a `dro
 
 from __future__ import annotations
 
-from typing import Any
-
 from eaglepipe.chat_api import MessageFields, StreamDelta
 from eaglepipe.emulator.backend import GenerationFailed, GenerationRequest
 from eaglepipe.emulator.completion import Completion
@@ -26,6 +24,7 @@ from eaglepipe.emulator.habits import (
 )
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.text_like import SWITCHES, EngineReply
+from eaglepipe.messages import Message, Tool
 from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.tokenizer import TargetTokenizer
 
@@ -38,7 +37,7 @@ class KimiModelText:
         self.format: ChatFormat = chat_format_for(tokenizer)
 
     def prompt_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+        self, messages: list[Message], tools: list[Tool] | None, *, thinking: bool
     ) -> list[int]:
         return self.format.prompt_ids(messages, tools, thinking=thinking, tool_format="typescript")
 

@@ -7,6 +7,7 @@ from typing import Any
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from eaglepipe.emulator.text_like import SWITCHES, EngineSwitch, engine_reply, kept_markers
+from eaglepipe.messages import Message, Tool
 from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.hf_tokenizer import HFTokenizer
 
@@ -110,7 +111,7 @@ class TokenizerText:
         )
 
     def prompt_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+        self, messages: list[Message], tools: list[Tool] | None, *, thinking: bool
     ) -> list[int]:
         # The model's template: it cannot reason, and declares tools its own way.
         return self.format.prompt_ids(messages, tools, thinking=False, tool_format="json")

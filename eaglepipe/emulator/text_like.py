@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from eaglepipe.messages import ToolCall
 from eaglepipe.responses import ResponseBody
 from eaglepipe.target.tokenizer import TargetTokenizer, TokenizerError
 
@@ -102,7 +103,7 @@ SERVED_SWITCHES = ("exact", "vllm", "vllm_spaced", "sglang", "sglang_stripping")
 class EngineReply:
     reasoning: str | None
     content: str
-    tool_calls: list[dict[str, Any]]
+    tool_calls: list[ToolCall]
     finish_reason: str
     completion_tokens: int
     token_ids: list[int] | None
@@ -216,14 +217,14 @@ def split_reasoning(text: str) -> tuple[str, str]:
     return (text[:cut], text[cut:]) if cut >= 0 else (text, "")
 
 
-def split_tool_calls(text: str, switch: EngineSwitch, tool_history: int) -> tuple[str, list[dict[str, Any]]]:
+def split_tool_calls(text: str, switch: EngineSwitch, tool_history: int) -> tuple[str, list[ToolCall]]:
     """Content is the text before the tool section; the section's complete calls become tool calls (a call
     cut off by the length limit, and text between calls, are dropped)."""
     cut = text.find(SECTION_BEGIN)
     if cut < 0:
         return text, []
     pattern = _TRIMMED_CALL if switch.trim_arguments else _KEPT_CALL
-    calls = []
+    calls: list[ToolCall] = []
     for index, match in enumerate(pattern.finditer(text, cut)):
         model_id = match["id"]
         name = model_id.split(":")[0].split(".")[-1]

@@ -10,12 +10,17 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglepipe.hidden.storage import bytes_per_token
 from eaglepipe.openrouter.ledger import ledger_path
 from eaglepipe.responses import iter_responses
 from eaglepipe.tokens.token_file import TokenStats, read_token_stats
+
+if TYPE_CHECKING:  # the figures import no torch
+    from eaglepipe.drafter.evaluate import EvalReport
+    from eaglepipe.drafter.train import TrainReport
+    from eaglepipe.hidden.extract import HiddenManifest
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class SetOutputs:
     answers: list[Answer] | None = None  # from responses.jsonl, one per answer
     summary: dict[str, Any] | None = None  # responses.summary.json
     tokens: TokenStats | None = None  # tokens.json
-    hidden: dict[str, Any] | None = None  # hidden.done
+    hidden: HiddenManifest | None = None  # hidden.done
 
     @property
     def token_stats(self) -> Mapping[str, Any]:
@@ -46,11 +51,12 @@ class SetOutputs:
 class RunOutputs:
     sets: list[SetOutputs]
     ledger: list[dict[str, Any]] = field(default_factory=list)  # billed lines of the run-wide ledger
-    train: dict[str, Any] | None = None  # drafter/train.json
-    eval: dict[str, Any] | None = None  # drafter/eval.json
+    train: TrainReport | None = None  # drafter/train.json
+    eval: EvalReport | None = None  # drafter/eval.json
 
 
-def read_json(path: Path | None) -> dict[str, Any] | None:
+def read_json(path: Path | None) -> Any:
+    """The file's JSON, or None where it does not exist yet; the fields it fills say what it holds."""
     return json.loads(path.read_text()) if path is not None and path.is_file() else None
 
 
@@ -122,6 +128,6 @@ def load_run(
     )
 
 
-def hidden_bytes(manifest: dict[str, Any]) -> int:
+def hidden_bytes(manifest: HiddenManifest) -> int:
     """Shard disk from the manifest alone."""
     return manifest["num_tokens"] * bytes_per_token(manifest["hidden_size"], manifest["dtype"])

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -24,6 +25,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from eaglepipe.figures.data import RunOutputs, hidden_bytes  # noqa: E402
 from eaglepipe.figures.summary import METHOD_LABELS  # noqa: E402
+
+if TYPE_CHECKING:  # the figures import no torch
+    from eaglepipe.drafter.evaluate import MethodReport
 
 DPI = 110
 DISK_UNITS = (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
@@ -207,7 +211,7 @@ def billed_difference(run: RunOutputs) -> Figure:
 def hidden_states(run: RunOutputs) -> Figure:
     fig, (tokens_ax, disk_ax) = plt.subplots(1, 2, figsize=(9, 0.45 * len(run.sets) + 2))
     names = [item.name for item in run.sets]
-    tokens = [(item.hidden or {}).get("num_tokens", 0) for item in run.sets]
+    tokens = [item.hidden.get("num_tokens", 0) if item.hidden else 0 for item in run.sets]
     disk = [hidden_bytes(item.hidden) if item.hidden else 0 for item in run.sets]
     unit, scale = next(((u, s) for u, s in DISK_UNITS if max(disk, default=0) >= s), DISK_UNITS[-1])
     tokens_ax.barh(names, tokens, color="tab:blue")
@@ -223,8 +227,8 @@ def hidden_states(run: RunOutputs) -> Figure:
 
 def training(run: RunOutputs) -> Figure:
     fig, (loss_ax, accuracy_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
-    train = run.train or {}
-    curve = train.get("loss_curve") or []
+    train = run.train
+    curve = (train.get("loss_curve") if train else None) or []
     if curve:
         loss_ax.plot([p["step"] for p in curve], [p["loss"] for p in curve], marker="o", markersize=3)
         loss_ax.set_xlabel("optimizer step")
@@ -232,7 +236,7 @@ def training(run: RunOutputs) -> Figure:
     else:
         _empty(loss_ax, "no train.json")
     loss_ax.set_title("Training loss")
-    accuracy = train.get("ttt_accuracy") or []
+    accuracy = (train.get("ttt_accuracy") if train else None) or []
     if accuracy:
         steps = range(1, len(accuracy) + 1)
         bars = accuracy_ax.bar(steps, [100 * (a or 0.0) for a in accuracy], color="tab:green")
@@ -243,15 +247,15 @@ def training(run: RunOutputs) -> Figure:
         accuracy_ax.set_ylim(0, 100)
     else:
         _empty(accuracy_ax, "no train.json")
-    window = train.get("ttt_accuracy_window_steps")
+    window = train.get("ttt_accuracy_window_steps") if train else None
     accuracy_ax.set_title(f"TTT accuracy (last {window} steps)" if window else "TTT accuracy")
     return fig
 
 
 def acceptance(run: RunOutputs) -> Figure:
     """Acceptance length per set (from the per-prompt entries) and overall, for each method."""
-    evaluation = run.eval or {}
-    methods = evaluation.get("methods") or {}
+    evaluation = run.eval
+    methods = (evaluation.get("methods") if evaluation else None) or {}
     fig, ax = plt.subplots(figsize=(8, 3.8))
     if not methods:
         _empty(ax, "no eval.json")
@@ -267,19 +271,19 @@ def acceptance(run: RunOutputs) -> Figure:
     ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("tokens per target forward")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    held_out = evaluation.get("held_out_prompts", "?")
+    held_out = evaluation.get("held_out_prompts", "?") if evaluation else "?"
     ax.set_title(f"Acceptance length on {held_out} held-out prompts (1.0: no gain)")
     return fig
 
 
-def _set_acceptance(result: dict, dataset: str) -> float:
+def _set_acceptance(result: MethodReport, dataset: str) -> float:
     entries = [e for e in result.get("per_prompt", []) if e.get("set") == dataset]
     forwards = sum(e["target_forwards"] for e in entries)
     return sum(e["tokens"] for e in entries) / forwards if forwards else 0.0
 
 
 def acceptance_by_position(run: RunOutputs) -> Figure:
-    methods = (run.eval or {}).get("methods") or {}
+    methods = (run.eval.get("methods") if run.eval else None) or {}
     fig, ax = plt.subplots(figsize=(6, 3.6))
     rates = {name: result.get("acceptance_rate_per_position") for name, result in methods.items()}
     if not any(rates.values()):

@@ -10,14 +10,15 @@ import html
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from eaglepipe.figures.data import RunOutputs
+from eaglepipe.tokens.token_file import RoundTripReport
 
 DASH = "-"
 METHOD_LABELS = {"eagle3": "trained drafter", "eagle3_untrained": "untrained drafter",
                  "prompt_lookup": "prompt lookup"}
-ROUND_TRIP_MISSES = {"count_matched": "same length", "off": "off"}
+ROUND_TRIP_MISSES: dict[Literal["count_matched", "off"], str] = {"count_matched": "same length", "off": "off"}
 
 
 def _share(value: float | None) -> str:
@@ -36,7 +37,7 @@ def _set_row(item: Any) -> list[str]:
         _share(shares.get("billed_count_matched")) if tokens else DASH,
         _share((tokens.get("yield") or {}).get("trained_share")) if tokens else DASH,
         f"{hidden['num_tokens']:,}" if "num_tokens" in hidden else DASH,
-        _round_trip(tokens.get("round_trip") or {}),
+        _round_trip(tokens.get("round_trip")),
     ]
 
 
@@ -85,9 +86,9 @@ def _dropped_line(sets: list[Any]) -> str | None:
     return "not trained on: " + ", ".join(parts)
 
 
-def _round_trip(gate: dict[str, Any]) -> str:
+def _round_trip(gate: RoundTripReport | None) -> str:
     """`23/24 exact, 1 off`: the text-only rebuild against the server's ids, where the set has any."""
-    if not gate.get("samples"):
+    if not gate or not gate.get("samples"):
         return DASH
     misses = [f"{gate[kind]} {label}" for kind, label in ROUND_TRIP_MISSES.items() if gate.get(kind)]
     return ", ".join([f"{gate['exact']}/{gate['samples']} exact", *misses])
@@ -121,15 +122,15 @@ def run_table(run: RunOutputs, *, emulated: bool = False) -> str:
     if dropped:
         lines.append(dropped)
     lines.append("round trip: the server's ids rebuilt from the text alone (exact, same length, off)")
-    evaluation = run.eval or {}
-    methods = evaluation.get("methods", {})
+    evaluation = run.eval
+    methods = evaluation.get("methods", {}) if evaluation else {}
     if methods:
         cells = [
             f"{label} {methods[name]['acceptance_length']}"
             for name, label in METHOD_LABELS.items()
             if name in methods
         ]
-        held_out = evaluation.get("held_out_prompts", DASH)
+        held_out = evaluation.get("held_out_prompts", DASH) if evaluation else DASH
         lines.append(f"acceptance length on {held_out} held-out prompts: " + ", ".join(cells))
     else:
         lines.append("acceptance length: - (no drafter/eval.json yet)")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor
@@ -32,6 +32,8 @@ from eaglepipe.hidden.backends.hf import HFBackend
 from eaglepipe.hidden.backends.sglang import SGLangBackend
 from eaglepipe.hidden.backends.vllm import VLLMBackend
 from eaglepipe.hidden.shards import (
+    ManifestShard,
+    ShardEntry,
     ShardPlan,
     manifest_entry,
     plan_shards,
@@ -46,6 +48,44 @@ from eaglepipe.progress import StepProgress
 from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import check_aux_layers, default_aux_layers
 from eaglepipe.tokens.token_file import TokenFileError, read_token_rows
+
+
+class ModelIdentity(TypedDict):
+    """The target a manifest's states came from: its config and tokenizer hashes, its weights' sizes."""
+
+    name: str
+    files_sha256: dict[str, str]
+    weight_bytes: dict[str, int]
+
+
+class HiddenSubset(TypedDict):
+    """The caps the set was extracted under, and the whole set it was drawn from."""
+
+    max_samples: int | None
+    max_tokens: int | None
+    seed: int
+    of_samples: int
+    of_tokens: int
+
+
+class HiddenManifest(TypedDict):
+    """`hidden.done` (docs/formats.md): the set's shards and what computed them; the drafter and the
+    figures read it."""
+
+    shards: list[ManifestShard]
+    prompt_ids: list[str]
+    num_samples: int
+    num_tokens: int
+    subset: HiddenSubset
+    aux_layer_ids: list[int]
+    layer_convention: str
+    final_norm: str
+    backend: str
+    stored: dict[str, str]
+    hidden_size: int
+    dtype: str
+    model: ModelIdentity
+    tokens_sha256: str
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +208,7 @@ def extract_hidden(
     shard_dir: Path,
     manifest_path: Path,
     settings: HiddenSettings,
-) -> dict[str, Any]:
+) -> HiddenManifest:
     """Write (or reuse) every shard of one prompt set, then the manifest `hidden.done`. The row order's
     prompt ids come from the token stage's `tokens.json` (`token_stats_path`)."""
     target = TargetArchitecture.from_dir(target_dir)
@@ -188,7 +228,7 @@ def extract_hidden(
     computed_by = [identity, layers, settings.dtype, settings.backend.name]
     offsets = data.offsets
 
-    entries: dict[int, dict[str, Any]] = {}
+    entries: dict[int, ShardEntry] = {}
     keys: dict[int, str] = {}
     plans = plan_shards(offsets, settings.shard_tokens)
     for plan in plans:
@@ -241,7 +281,7 @@ def extract_hidden(
             seconds,
             missing_tokens / max(seconds, 1e-9),
         )
-    manifest = {
+    manifest: HiddenManifest = {
         "shards": [
             manifest_entry(shard_dir / p.name, entries[p.index], Path(manifest_path).parent) for p in plans
         ],
@@ -278,7 +318,7 @@ def _compute_shard(
     layers: list[int],
     dtype: str,
     hidden_size: int,
-) -> dict[str, Any]:
+) -> ShardEntry:
     samples = data.samples[plan.first : plan.last]
     prompt_ids = data.prompt_ids[plan.first : plan.last]
     captured = backend.states(samples)
@@ -322,7 +362,7 @@ def check_agreement(prompt_id: str, expected: Tensor, states: CapturedStates, hi
         )
 
 
-def model_identity(target_dir: Path, target_name: str) -> dict[str, Any]:
+def model_identity(target_dir: Path, target_name: str) -> ModelIdentity:
     """Cheap but change-sensitive: config and tokenizer hashes plus weight sizes (hashing 600 GB is not)."""
     target_dir = Path(target_dir)
     hashed = {

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import torch
 from safetensors.torch import save_file
@@ -23,6 +23,28 @@ from torch import Tensor
 
 from eaglepipe.hidden.storage import PACKED_BITS, group_size
 from eaglepipe.io import atomic_write, file_sha256, write_json
+
+
+class ShardMetadata(TypedDict, total=False):
+    """What a shard's safetensors metadata says of it (nothing, for a shard written without it)."""
+
+    shard_key: str
+    prompt_ids: list[str]
+    aux_layer_ids: list[int]
+
+
+class ShardEntry(TypedDict):
+    """A finished shard as its record (`.json` beside it, with its key) and the manifest list it."""
+
+    sha256: str
+    num_samples: int
+    num_tokens: int
+
+
+class ManifestShard(ShardEntry):
+    """One of the manifest's `shards`: the entry and where the shard is, relative to the manifest."""
+
+    path: str
 
 METADATA_KEY = "eaglepipe"
 FP8 = torch.float8_e4m3fn
@@ -63,10 +85,11 @@ def shard_key(samples: list[Tensor], masks: list[Tensor], prompt_ids: list[str],
     return digest.hexdigest()
 
 
-def read_shard_metadata(metadata: dict[str, str] | None) -> dict[str, Any]:
+def read_shard_metadata(metadata: dict[str, str] | None) -> ShardMetadata:
     """{shard_key, prompt_ids, aux_layer_ids} from a shard's safetensors metadata ({} when absent)."""
     try:
-        return json.loads((metadata or {})[METADATA_KEY])
+        about: ShardMetadata = json.loads((metadata or {})[METADATA_KEY])
+        return about
     except (KeyError, ValueError):
         return {}
 
@@ -75,7 +98,7 @@ def record_path(shard: Path) -> Path:
     return shard.with_suffix(".json")
 
 
-def reusable_entry(shard: Path, key: str) -> dict[str, Any] | None:
+def reusable_entry(shard: Path, key: str) -> ShardEntry | None:
     """The manifest entry of a finished shard with this key whose bytes still match its record."""
     try:
         record = json.loads(record_path(shard).read_text())
@@ -83,7 +106,11 @@ def reusable_entry(shard: Path, key: str) -> dict[str, Any] | None:
         return None
     if record.get("shard_key") != key or not shard.is_file() or file_sha256(shard) != record.get("sha256"):
         return None
-    return {name: record[name] for name in ("sha256", "num_samples", "num_tokens")}
+    return {
+        "sha256": record["sha256"],
+        "num_samples": record["num_samples"],
+        "num_tokens": record["num_tokens"],
+    }
 
 
 class StateCodec(Protocol):
@@ -265,7 +292,7 @@ def write_shard(
     masks: list[Tensor],
     prompt_ids: list[str],
     aux_layer_ids: list[int],
-) -> dict[str, Any]:
+) -> ShardEntry:
     """Write the shard atomically, then its record; returns the manifest entry."""
     lengths = torch.tensor([0] + [len(ids) for ids in samples], dtype=torch.int64)
     tensors = {
@@ -274,16 +301,20 @@ def write_shard(
         "loss_mask": torch.cat(masks).to(torch.uint8),
         "offsets": lengths.cumsum(0),
     }
-    about = {"shard_key": key, "prompt_ids": prompt_ids, "aux_layer_ids": aux_layer_ids}
+    about: ShardMetadata = {"shard_key": key, "prompt_ids": prompt_ids, "aux_layer_ids": aux_layer_ids}
     # One key: safetensors writes its metadata map in hash order, so several keys would make equal shards
     # differ byte for byte (and in their sha256) from one process to the next.
     metadata = {METADATA_KEY: json.dumps(about, sort_keys=True)}
     atomic_write(shard, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
-    entry = {"sha256": file_sha256(shard), "num_samples": len(samples), "num_tokens": int(lengths.sum())}
+    entry: ShardEntry = {
+        "sha256": file_sha256(shard),
+        "num_samples": len(samples),
+        "num_tokens": int(lengths.sum()),
+    }
     write_json(record_path(shard), {"shard_key": key, **entry})
     return entry
 
 
-def manifest_entry(shard: Path, entry: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
+def manifest_entry(shard: Path, entry: ShardEntry, manifest_dir: Path) -> ManifestShard:
     # relative, so a results folder can be moved
     return {"path": os.path.relpath(shard, manifest_dir), **entry}

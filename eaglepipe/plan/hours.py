@@ -109,7 +109,8 @@ def _attention_parameters(target: TargetArchitecture) -> int:
     text, hidden, heads = target.text, target.hidden_size, target.num_attention_heads
     if target.uses_mla:
         nope, rope = int(text["qk_nope_head_dim"]), int(text["qk_rope_head_dim"])
-        value, kv_rank = int(text["v_head_dim"]), int(text["kv_lora_rank"])
+        value, kv_rank = int(text["v_head_dim"]), text["kv_lora_rank"]
+        assert kv_rank is not None  # what `uses_mla` checks
         q_rank = text.get("q_lora_rank")
         head_width = heads * (nope + rope)
         query = hidden * int(q_rank) + int(q_rank) * head_width if q_rank else hidden * head_width

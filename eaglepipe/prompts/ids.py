@@ -7,6 +7,8 @@ import json
 import unicodedata
 from typing import Any
 
+from eaglepipe.messages import Message, Tool
+
 
 def _nfc(value: Any) -> Any:
     # One user types "é" as one code point, another as "e" + accent: both are the same prompt.
@@ -24,7 +26,7 @@ def canonical_json(value: Any) -> str:
     return json.dumps(_nfc(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def prompt_id(messages: list[dict], tools: list | None) -> str:
+def prompt_id(messages: list[Message], tools: list[Tool] | None) -> str:
     """sha256 hex of the canonical `{"messages", "tools"}`: the id of a prompt whose source gives none."""
     payload = canonical_json({"messages": messages, "tools": tools})
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 from eaglepipe.io import atomic_write, json_lines
+from eaglepipe.messages import Message, Tool
 from eaglepipe.prompts.validate import PromptError
 
 
@@ -16,8 +17,8 @@ class PromptRecord(TypedDict):
     """One prompt: its id (given in the source, or the hash of its content), the chat so far, its tools."""
 
     id: str
-    messages: list[dict[str, Any]]
-    tools: NotRequired[list[dict[str, Any]]]
+    messages: list[Message]
+    tools: NotRequired[list[Tool]]
 
 
 def write_prompt_set(records: Iterable[PromptRecord], path: Path) -> None:

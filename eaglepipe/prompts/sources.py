@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.prompts.validate import PromptError, validate_record
+from eaglepipe.prompts.validate import CheckedRecord, PromptError, validate_record
 
 HF_KEYS = (
     "type",
@@ -40,7 +40,7 @@ SHAREGPT_ROLES = {
 class SourcedRecord:
     """A validated record and where it came from, kept until ids are checked so a clash can name both."""
 
-    record: dict
+    record: CheckedRecord
     where: str
     stripped_trailing_assistant: bool = False
 

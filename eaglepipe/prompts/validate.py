@@ -10,15 +10,25 @@ is not documented, so the request and the token stage's rebuild both go without 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from eaglepipe.errors import EaglepipeError
+from eaglepipe.messages import Message, Tool, ToolCall
 
 ROLES = ("system", "user", "assistant", "tool")
 
 
 class PromptError(EaglepipeError, ValueError):
     """A prompt source the user must fix; the message is one line naming where and what to do."""
+
+
+class CheckedRecord(TypedDict):
+    """A source's record once checked: a prompt record whose id may still be missing (then the content
+    hash names it)."""
+
+    id: NotRequired[str]
+    messages: list[Message]
+    tools: NotRequired[list[Tool]]
 
 
 def _content(content: Any, *, where: str) -> str | None:
@@ -41,7 +51,7 @@ def _content(content: Any, *, where: str) -> str | None:
     return "\n".join(texts)
 
 
-def _tool_calls(calls: Any, *, where: str) -> list:
+def _tool_calls(calls: Any, *, where: str) -> list[ToolCall]:
     if not isinstance(calls, list) or not all(
         isinstance(call, dict)
         and isinstance(call.get("function"), dict)
@@ -54,26 +64,31 @@ def _tool_calls(calls: Any, *, where: str) -> list:
     return calls
 
 
-def _message(message: Any, *, where: str) -> dict:
+def _string(message: dict[str, Any], key: str, *, where: str) -> str | None:
+    value = message.get(key)
+    if value is not None and not isinstance(value, str):
+        raise PromptError(f"{where}: `{key}` must be a string, not {type(value).__name__}")
+    return value
+
+
+def _message(message: Any, *, where: str) -> Message:
     if not isinstance(message, dict):
         raise PromptError(f'{where} is not an object; write it as {{"role": ..., "content": ...}}')
     role = message.get("role")
     if role not in ROLES:
         raise PromptError(f"{where}: role {role!r} is not one of {', '.join(ROLES)}")
-    out = {"role": role, "content": _content(message.get("content"), where=where)}
+    out: Message = {"role": role, "content": _content(message.get("content"), where=where)}
     calls = message.get("tool_calls")
     if calls:
         if role != "assistant":
             raise PromptError(f"{where}: only assistant turns may have `tool_calls`, this one is {role!r}")
         out["tool_calls"] = _tool_calls(calls, where=where)
     if role == "tool":
-        for key in ("tool_call_id", "name"):
-            value = message.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise PromptError(f"{where}: `{key}` must be a string, not {type(value).__name__}")
-            out[key] = value
+        call_id, name = _string(message, "tool_call_id", where=where), _string(message, "name", where=where)
+        if call_id is not None:
+            out["tool_call_id"] = call_id
+        if name is not None:
+            out["name"] = name
     if out["content"] is None and "tool_calls" not in out:
         raise PromptError(
             f"{where}: `content` is missing or null; only an assistant turn with `tool_calls` may omit it"
@@ -81,7 +96,7 @@ def _message(message: Any, *, where: str) -> dict:
     return out
 
 
-def validate_record(obj: Any, *, where: str, strip_trailing_assistant: bool) -> dict:
+def validate_record(obj: Any, *, where: str, strip_trailing_assistant: bool) -> CheckedRecord:
     """The normalized `{"id"?, "messages", "tools"?}`; `where` ("path:line") starts every error message."""
     if not isinstance(obj, dict):
         raise PromptError(f"{where}: expected a JSON object with `messages`, not {type(obj).__name__}")
@@ -103,15 +118,15 @@ def validate_record(obj: Any, *, where: str, strip_trailing_assistant: bool) -> 
     if last_role == "system":
         raise PromptError(f"{where}: ends on a system turn; add the user turn the target should answer")
 
-    record: dict[str, Any] = {}
     given_id = obj.get("id")
     if given_id is not None:
         if not isinstance(given_id, str) or not given_id:
             raise PromptError(
                 f"{where}: `id` must be a non-empty string; fix it or remove it to use the content hash"
             )
-        record["id"] = given_id
-    record["messages"] = normalized
+        record: CheckedRecord = {"id": given_id, "messages": normalized}
+    else:
+        record = {"messages": normalized}
     tools = obj.get("tools")
     if tools:
         if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):

@@ -13,7 +13,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 from eaglepipe.errors import EaglepipeError
 
@@ -33,13 +33,76 @@ def published_config_dir(name: str) -> Path:
     return PUBLISHED / name
 
 
+class RopeParameters(TypedDict, total=False):
+    rope_theta: float
+
+
+class ModelConfig(TypedDict, total=False):
+    """The keys of a target's config.json (or its `text_config`) that the stages read; a checkpoint holds
+    many more, which nothing here looks at. Token ids may be a list (the first counts)."""
+
+    architectures: list[str]
+    model_type: str
+    text_config: ModelConfig
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int | None
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_parameters: RopeParameters | None
+    rope_theta: float
+    kv_lora_rank: int | None  # set for multi-head latent attention (MLA), with the next three
+    v_head_dim: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    head_dim: int | None
+    bos_token_id: int | list[int] | None
+    eos_token_id: int | list[int] | None
+    pad_token_id: int | list[int] | None
+    tie_word_embeddings: bool
+    # DeepSeek's keys the engines read with defaults of their own (`engine_problems`).
+    scoring_func: str
+    topk_method: str
+    n_group: int
+    topk_group: int
+    routed_scaling_factor: float
+    first_k_dense_replace: int
+    norm_topk_prob: bool
+    n_shared_experts: int
+    q_lora_rank: int | None
+    moe_layer_freq: int
+    attention_bias: bool
+    hidden_act: str
+    index_topk: int
+    # DeepSeek's mixture of experts (the spend plan counts its active weights).
+    n_routed_experts: int | None
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+
+
+# The keys without which a stage cannot size the model.
+NeededKey = Literal[
+    "num_hidden_layers",
+    "hidden_size",
+    "vocab_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "v_head_dim",
+]
+TokenKey = Literal["bos_token_id", "eos_token_id", "pad_token_id"]
+
+
 class TargetConfigError(EaglepipeError, ValueError):
     """A target config.json a stage cannot use as it is: one line naming the file and key."""
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> ModelConfig:
     try:
-        config = json.loads(path.read_text())
+        config: ModelConfig = json.loads(path.read_text())  # checked below: an object
     except (OSError, json.JSONDecodeError) as err:
         raise TargetConfigError(
             f"{path}: cannot read the target config ({err}): is target.path a model directory?"
@@ -53,7 +116,7 @@ def _read(path: Path) -> dict[str, Any]:
 class TargetArchitecture:
     """The language model's settings (`text`), and how the checkpoint around it is laid out."""
 
-    config: dict[str, Any]
+    config: ModelConfig
     source: str  # the file it came from, for messages
 
     @classmethod
@@ -62,15 +125,15 @@ class TargetArchitecture:
         return cls(_read(path), str(path))
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], source: str = "config.json") -> TargetArchitecture:
-        return cls(dict(config), source)
+    def from_config(cls, config: ModelConfig, source: str = "config.json") -> TargetArchitecture:
+        return cls(config.copy(), source)
 
     @property
     def nested(self) -> bool:
         return isinstance(self.config.get("text_config"), dict)
 
     @property
-    def text(self) -> dict[str, Any]:
+    def text(self) -> ModelConfig:
         return self.config["text_config"] if self.nested else self.config
 
     @property
@@ -85,7 +148,7 @@ class TargetArchitecture:
     def text_model_type(self) -> str:
         return str(self.text.get("model_type", self.model_type))
 
-    def need(self, key: str) -> Any:
+    def need(self, key: NeededKey) -> int:
         value = self.text.get(key)
         if value is None:
             where = f"text_config.{key}" if self.nested else key
@@ -143,7 +206,7 @@ class TargetArchitecture:
             return int(self.need("v_head_dim"))
         return int(self.text.get("head_dim") or self.hidden_size // self.num_attention_heads)
 
-    def _token_id(self, key: str) -> int | None:
+    def _token_id(self, key: TokenKey) -> int | None:
         value = self.text.get(key, self.config.get(key))
         if isinstance(value, list):
             value = value[0] if value else None

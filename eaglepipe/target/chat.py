@@ -10,18 +10,27 @@ assistant tool calls as JSON text, because such a template breaks on a `None` co
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
-Message = dict[str, Any]
+from eaglepipe.messages import ContentPart, Message, Tool
+
+
+class TemplateTurn(TypedDict):
+    """A message as the template gets it: tool calls and declarations folded into its text."""
+
+    role: str
+    content: str | list[ContentPart]
 
 
 def template_supports_tools(tokenizer: Any) -> bool:
     return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 
 
-def normalize_messages(tokenizer: Any, messages: list[Message], tools: list | None) -> list[Message]:
+def normalize_messages(
+    tokenizer: Any, messages: list[Message], tools: list[Tool] | None
+) -> list[TemplateTurn]:
     """Messages in the shape the tokenizer's template can render."""
-    out: list[Message] = []
+    out: list[TemplateTurn] = []
     if tools and not template_supports_tools(tokenizer):
         declared = json.dumps(tools, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         tool_turn = f"You can call these tools. Answer with a JSON tool call when one helps.\n{declared}"
@@ -43,7 +52,7 @@ def normalize_messages(tokenizer: Any, messages: list[Message], tools: list | No
     return out
 
 
-def render_prompt_ids(tokenizer: Any, messages: list[Message], tools: list | None = None) -> list[int]:
+def render_prompt_ids(tokenizer: Any, messages: list[Message], tools: list[Tool] | None = None) -> list[int]:
     """Prompt ids including the generation prompt: exactly what the target saw before answering."""
     normalized = normalize_messages(tokenizer, messages, tools)
     kwargs = {"tools": tools} if tools and template_supports_tools(tokenizer) else {}

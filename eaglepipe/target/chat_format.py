@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from eaglepipe.messages import Message, Tool, ToolCall
 from eaglepipe.target import chatml, kimi_chat
 from eaglepipe.target.chat import render_prompt_ids
 from eaglepipe.target.hf_tokenizer import HFTokenizer
@@ -24,8 +25,6 @@ from eaglepipe.target.kimi_tokenizer import MAX_RUN_CHARS, KimiTokenizer
 from eaglepipe.target.kimi_tools import ToolDeclarationError, ToolFormat, declare_tools
 from eaglepipe.target.segments import Segment, Text, encode_segments
 from eaglepipe.target.tokenizer import TargetTokenizer
-
-Message = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ class ChatFormat(Protocol):
     def prompt_ids(
         self,
         messages: list[Message],
-        tools: list[dict[str, Any]] | None,
+        tools: list[Tool] | None,
         *,
         thinking: bool,
         tool_format: ToolFormat,
@@ -131,12 +130,12 @@ class ChatFormat(Protocol):
         ...
 
     def other_tool_format_lengths(
-        self, tools: list[dict[str, Any]], used: ToolFormat, length: int
+        self, tools: list[Tool], used: ToolFormat, length: int
     ) -> dict[ToolFormat, int]:
         """A prompt's length under each other tool format it can render, from its `length` under `used`."""
         ...
 
-    def one_text_answer(self, content: str, tool_calls: list[dict[str, Any]] | None) -> str | None:
+    def one_text_answer(self, content: str, tool_calls: list[ToolCall] | None) -> str | None:
         """The answer as the one text the format renders (tool calls inside it), or None when the format
         keeps content and tool calls in their own sections."""
         ...
@@ -146,7 +145,7 @@ class ChatFormat(Protocol):
         *,
         reasoning: str | None,
         content: str | None,
-        tool_calls: list[dict[str, Any]] | None,
+        tool_calls: list[ToolCall] | None,
         truncated: bool,
         thinking: bool,
     ) -> list[Segment]:
@@ -191,7 +190,7 @@ class KimiChatFormat:
     def prompt_ids(
         self,
         messages: list[Message],
-        tools: list[dict[str, Any]] | None,
+        tools: list[Tool] | None,
         *,
         thinking: bool,
         tool_format: ToolFormat,
@@ -217,7 +216,7 @@ class KimiChatFormat:
         return tool_format
 
     def other_tool_format_lengths(
-        self, tools: list[dict[str, Any]], used: ToolFormat, length: int
+        self, tools: list[Tool], used: ToolFormat, length: int
     ) -> dict[ToolFormat, int]:
         """The text between `<|im_middle|>` and `<|im_end|>` is encoded on its own, so formats differ by
         exactly their declarations' lengths. A format that cannot render the tools is left out."""
@@ -232,14 +231,14 @@ class KimiChatFormat:
             lengths[other] = length - self._declaration_length(tools, used) + declared
         return lengths
 
-    def _declaration_length(self, tools: list[dict[str, Any]], tool_format: ToolFormat) -> int:
+    def _declaration_length(self, tools: list[Tool], tool_format: ToolFormat) -> int:
         """Tokens of a tool declaration; prompts with the same tools share it."""
         key = (json.dumps(tools, sort_keys=True), tool_format)
         if key not in self._declarations:
             self._declarations[key] = len(self.encode(declare_tools(tools, tool_format)))
         return self._declarations[key]
 
-    def one_text_answer(self, content: str, tool_calls: list[dict[str, Any]] | None) -> str | None:
+    def one_text_answer(self, content: str, tool_calls: list[ToolCall] | None) -> str | None:
         return None
 
     def completion_segments(
@@ -247,7 +246,7 @@ class KimiChatFormat:
         *,
         reasoning: str | None,
         content: str | None,
-        tool_calls: list[dict[str, Any]] | None,
+        tool_calls: list[ToolCall] | None,
         truncated: bool,
         thinking: bool,
     ) -> list[Segment]:
@@ -328,7 +327,7 @@ class TemplateChatFormat:
     def prompt_ids(
         self,
         messages: list[Message],
-        tools: list[dict[str, Any]] | None,
+        tools: list[Tool] | None,
         *,
         thinking: bool,
         tool_format: ToolFormat,
@@ -356,11 +355,11 @@ class TemplateChatFormat:
         return "chat_template"
 
     def other_tool_format_lengths(
-        self, tools: list[dict[str, Any]], used: ToolFormat, length: int
+        self, tools: list[Tool], used: ToolFormat, length: int
     ) -> dict[ToolFormat, int]:
         return {}
 
-    def one_text_answer(self, content: str, tool_calls: list[dict[str, Any]] | None) -> str:
+    def one_text_answer(self, content: str, tool_calls: list[ToolCall] | None) -> str:
         """The content, tool calls rendered after it as the template renders an assistant turn."""
         segments = self.completion_segments(
             reasoning=None, content=content, tool_calls=tool_calls, truncated=True, thinking=False
@@ -375,7 +374,7 @@ class TemplateChatFormat:
         *,
         reasoning: str | None,
         content: str | None,
-        tool_calls: list[dict[str, Any]] | None,
+        tool_calls: list[ToolCall] | None,
         truncated: bool,
         thinking: bool,
     ) -> list[Segment]:

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from eaglepipe.messages import Message, ToolCall
 from eaglepipe.target.chat import normalize_messages
 from eaglepipe.target.hf_tokenizer import HFTokenizer
 from eaglepipe.target.segments import RenderError, Segment, Special, text_segment
@@ -19,7 +18,7 @@ def completion_segments(
     *,
     reasoning: str | None,
     content: str | None,
-    tool_calls: list[dict[str, Any]] | None,
+    tool_calls: list[ToolCall] | None,
     truncated: bool,
 ) -> list[Segment]:
     """The answer as the template renders an assistant turn (tool calls as JSON text), then the stop id."""
@@ -28,7 +27,8 @@ def completion_segments(
             f"{tokenizer.hf.name_or_path}: the reply carries reasoning, which this template cannot hold; "
             "generate without reasoning (generation.reasoning: {enabled: false}) for this target"
         )
-    message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
+    message: Message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
     text = normalize_messages(tokenizer.hf, [message], None)[0]["content"]
+    assert isinstance(text, str)  # string content in, so string content out
     segments = text_segment(text, "content")
     return segments if truncated else [*segments, Special(tokenizer.stop_id)]

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
+from eaglepipe.messages import Message, Tool, ToolCall
 from eaglepipe.target.kimi_tools import ToolFormat, declare_tools
 from eaglepipe.target.segments import RenderError, Segment, Special, Text, encode_segments, text_segment
 from eaglepipe.target.tokenizer import TargetTokenizer
 
-Message = dict[str, Any]
 # In the field order of `Markers`.
 MARKER_NAMES = (
     "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "<|im_end|>", "<think>", "</think>",
@@ -55,7 +54,7 @@ class Markers:
 def prompt_segments(
     tokenizer: TargetTokenizer,
     messages: list[Message],
-    tools: list[dict[str, Any]] | None = None,
+    tools: list[Tool] | None = None,
     *,
     thinking: bool = True,
     tool_format: ToolFormat = "json",
@@ -78,7 +77,7 @@ def prompt_segments(
 def prompt_ids(
     tokenizer: TargetTokenizer,
     messages: list[Message],
-    tools: list[dict[str, Any]] | None = None,
+    tools: list[Tool] | None = None,
     *,
     thinking: bool = True,
     tool_format: ToolFormat = "json",
@@ -92,7 +91,7 @@ def completion_segments(
     *,
     reasoning: str | None,
     content: str | None,
-    tool_calls: list[dict[str, Any]] | None,
+    tool_calls: list[ToolCall] | None,
     truncated: bool,
     thinking: bool = True,
 ) -> list[Segment]:
@@ -157,7 +156,7 @@ def content_text(message: Message, index: int) -> str:
     return "".join(strings)
 
 
-def tool_section(markers: Markers, tool_calls: list[dict[str, Any]], where: str) -> list[Segment]:
+def tool_section(markers: Markers, tool_calls: list[ToolCall], where: str) -> list[Segment]:
     """`<|tool_calls_section_begin|>` + per call `<|tool_call_begin|>{id}<|tool_call_argument_begin|>{args}
     <|tool_call_end|>` + `<|tool_calls_section_end|>`; nothing when there are no calls."""
     if not tool_calls:
@@ -171,7 +170,7 @@ def tool_section(markers: Markers, tool_calls: list[dict[str, Any]], where: str)
     return [*segments, Special(markers.section_end)]
 
 
-def call_arguments(call: dict[str, Any], where: str) -> str:
+def call_arguments(call: ToolCall, where: str) -> str:
     """String arguments verbatim (as the model wrote them); others as the template's `tojson`."""
     function = call.get("function")
     if not isinstance(function, dict):

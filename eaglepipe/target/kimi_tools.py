@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+from eaglepipe.messages import FunctionDeclaration, Tool
 from eaglepipe.target.segments import RenderError
 
 ToolFormat = Literal["json", "typescript"]
@@ -31,7 +32,7 @@ class ToolDeclarationError(RenderError):
     """A tool schema the chosen declaration format cannot render, in one line."""
 
 
-def declare_tools(tools: list[dict[str, Any]], tool_format: ToolFormat = "json") -> str:
+def declare_tools(tools: list[Tool], tool_format: ToolFormat = "json") -> str:
     if tool_format == "json":
         return json.dumps(tools, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     if tool_format == "typescript":
@@ -39,7 +40,7 @@ def declare_tools(tools: list[dict[str, Any]], tool_format: ToolFormat = "json")
     raise ToolDeclarationError(f"tool format {tool_format!r} is unknown; use 'json' or 'typescript'")
 
 
-def tools_typescript(tools: list[dict[str, Any]]) -> str:
+def tools_typescript(tools: list[Tool]) -> str:
     """`# Tools` then a `functions` namespace with one `type name = (_: {...}) => any;` per function."""
     functions = [
         function_typescript(tool["function"])
@@ -51,7 +52,7 @@ def tools_typescript(tools: list[dict[str, Any]]) -> str:
     return "# Tools\n\n## functions\nnamespace functions {\n" + "\n".join(functions) + "\n}\n"
 
 
-def function_typescript(function: dict[str, Any]) -> str:
+def function_typescript(function: FunctionDeclaration) -> str:
     parameters = function.get("parameters") or {}
     name = function.get("name", "function")
     signature = f"type {name} = (_: {object_typescript(parameters, '', name)}) => any;"

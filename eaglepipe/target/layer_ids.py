@@ -10,7 +10,7 @@ the same tensors. Torch-free: the spend plan and the config check import it at p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from eaglepipe.errors import EaglepipeError
 
@@ -19,12 +19,24 @@ class AuxLayerError(EaglepipeError, ValueError):
     """Aux-layer ids some engine would read as other layers, or outside the target: one line."""
 
 
+class EagleConfig(TypedDict):
+    eagle_aux_hidden_state_layer_ids: list[int]  # ours
+    use_aux_hidden_state: bool
+
+
+class ServedLayerKeys(TypedDict):
+    """A draft config's layer keys (`served_config_keys`)."""
+
+    eagle_aux_hidden_state_layer_ids: list[int]  # vLLM's: ours + 1
+    eagle_config: EagleConfig
+
+
 def default_aux_layers(num_layers: int) -> list[int]:
     """EAGLE-3's low, middle and high layer: [1, N//2 - 1, N - 4] (Kimi-K2.5, N = 61: [1, 29, 57])."""
     return [1, num_layers // 2 - 1, num_layers - 4]
 
 
-def served_config_keys(aux_layer_ids: list[int] | tuple[int, ...]) -> dict[str, Any]:
+def served_config_keys(aux_layer_ids: list[int] | tuple[int, ...]) -> ServedLayerKeys:
     """A draft config's layer keys: ours in `eagle_config` (SGLang, SpecForge), +1 at top level (vLLM)."""
     return {
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in aux_layer_ids],
@@ -35,7 +47,7 @@ def served_config_keys(aux_layer_ids: list[int] | tuple[int, ...]) -> dict[str, 
     }
 
 
-def aux_layers_as_read(config: dict[str, Any]) -> dict[str, list[int]]:
+def aux_layers_as_read(config: ServedLayerKeys) -> dict[str, list[int]]:
     """The target layers (our ids) whose outputs each engine feeds the draft whose config is `config`."""
     nested = list(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     top_level = list(config.get("eagle_aux_hidden_state_layer_ids", nested))

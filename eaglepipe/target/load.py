@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.hf_tokenizer import HFTokenizer
 from eaglepipe.target.kimi_tokenizer import KimiTokenizer
 from eaglepipe.target.tokenizer import TargetTokenizer, has_kimi_tokenizer
+
+if TYPE_CHECKING:  # torch and transformers are imported where a model is loaded
+    import torch
+    from transformers import PretrainedConfig
+
+
+class LoadKeywords(TypedDict, total=False):
+    """The `from_pretrained` keywords `load_target` sets."""
+
+    dtype: torch.dtype
+    config: PretrainedConfig
+    key_mapping: dict[str, str]
+    device_map: str
+
 
 # A nested text config's model type as the checkpoint spells it -> transformers' class for it.
 TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
@@ -46,7 +60,7 @@ def load_target(model_dir: str | Path, dtype: str = "float32", device: str = "cp
     from transformers import AutoConfig, AutoModelForCausalLM
 
     flush_denormals()
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    kwargs: LoadKeywords = {"dtype": getattr(torch, dtype)}
     target = TargetArchitecture.from_dir(model_dir)
     if target.nested:
         text = dict(target.text)

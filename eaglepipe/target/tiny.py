@@ -28,9 +28,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from eaglepipe.errors import EaglepipeError
+from eaglepipe.messages import Message, Tool, ToolCall
 from eaglepipe.target.chat_format import chat_format_for
 from eaglepipe.target.kimi_chat import tool_history
 from eaglepipe.target.kimi_layout import ensure_kimi_layout
@@ -54,12 +55,118 @@ TEACHER_FILES = tuple(
 # Kimi-K2.5's special ids (eaglepipe.target.kimi_tokenizer): [BOS], [EOS], <|im_end|>, [PAD].
 BOS_ID, EOS_ID, STOP_ID, PAD_ID = 163584, 163585, 163586, 163839
 
+class RopeScaling(TypedDict):
+    type: str
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    mscale: float
+    mscale_all_dim: float
+
+
+class TinyTextConfig(TypedDict):
+    """The language model's config.json as written here (`ModelConfig` is what the stages read of it)."""
+
+    architectures: NotRequired[list[str]]  # not in Kimi-K2.5's nested copy
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    moe_layer_freq: int
+    n_group: int
+    topk_group: int
+    topk_method: str
+    scoring_func: str
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    num_nextn_predict_layers: int
+    hidden_act: str
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_theta: float
+    rope_scaling: RopeScaling
+    attention_bias: bool
+    tie_word_embeddings: bool
+    bos_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    torch_dtype: str
+
+
+class TinyVisionConfig(TypedDict):
+    """What vLLM's Kimi-K2.5 class reads of the vision tower (`VISION_CONFIG`)."""
+
+    model_type: str
+    patch_size: int
+    init_pos_emb_height: int
+    init_pos_emb_width: int
+    init_pos_emb_time: int
+    pos_emb_type: str
+    num_attention_heads: int
+    num_hidden_layers: int
+    hidden_size: int
+    intermediate_size: int
+    merge_kernel_size: list[int]
+    video_attn_type: str
+    merge_type: str
+    mm_projector_type: str
+    mm_hidden_size: int
+    projector_hidden_act: str
+    projector_ln_eps: float
+    text_hidden_size: int
+
+
+class MediaProcessing(TypedDict):
+    in_patch_limit: int
+    patch_size: int
+    image_mean: list[float]
+    image_std: list[float]
+    merge_kernel_size: int
+    fixed_output_tokens: int | None
+    patch_limit_on_one_side: int
+    in_patch_limit_each_frame: int
+    temporal_merge_kernel_size: int
+    sample_fps: int
+    timestamp_mode: str
+
+
+class PreprocessorConfig(TypedDict):
+    media_proc_cfg: MediaProcessing
+
+
+class TinyKimiConfig(TypedDict):
+    """Kimi-K2.5's config.json as written here: the language model nested under `text_config`."""
+
+    architectures: list[str]
+    model_type: str
+    text_config: TinyTextConfig
+    vision_config: TinyVisionConfig
+    media_placeholder_token_id: int
+    pad_token_id: int
+    tie_word_embeddings: bool
+    torch_dtype: str
+
+
 # The language model's config.json keys as Moonshot spells them (rope_scaling, scoring_func, ...), at toy
 # size. Kept: MLA's 512 + 64 compressed width (vLLM's CPU MLA kernel takes head size 576 only), the ranks'
 # and head dims' roles, the routing (sigmoid scores with a correction bias, one group), the dense first
 # layer, the shared expert, YaRN rope. hidden / heads is 32, not the rope head dim (64, which transformers
 # calls `head_dim` for DeepSeek), so a drafter that took that key for its own head size would show.
-TEXT_CONFIG: dict[str, Any] = {
+TEXT_CONFIG: TinyTextConfig = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",
     "vocab_size": 163_840,
@@ -107,7 +214,7 @@ TEXT_CONFIG: dict[str, Any] = {
     "torch_dtype": "float32",
 }
 # What vLLM's Kimi-K2.5 class reads of the vision tower to build its config (no weights are shipped).
-VISION_CONFIG: dict[str, Any] = {
+VISION_CONFIG: TinyVisionConfig = {
     "model_type": "kimi_k25_vision",
     "patch_size": 14,
     "init_pos_emb_height": 4,
@@ -127,7 +234,7 @@ VISION_CONFIG: dict[str, Any] = {
     "projector_ln_eps": 1e-5,
     "text_hidden_size": TEXT_CONFIG["hidden_size"],
 }
-PREPROCESSOR_CONFIG: dict[str, Any] = {
+PREPROCESSOR_CONFIG: PreprocessorConfig = {
     "media_proc_cfg": {
         "in_patch_limit": 256,
         "patch_size": 14,
@@ -156,6 +263,21 @@ STAMP = "eaglepipe-tiny-target.json"
 
 class TinyTargetError(EaglepipeError, ValueError):
     """A tiny target that cannot be built as asked: one line."""
+
+
+class TeacherConversation(TypedDict):
+    """One line of a teacher-prompts file: a conversation to answer, with its tools."""
+
+    messages: list[Message]
+    tools: NotRequired[list[Tool]]
+
+
+class TeacherAnswer(TypedDict):
+    """The answer taught for a conversation, in Kimi's parts (`completion_segments`' keywords)."""
+
+    reasoning: str
+    content: str
+    tool_calls: list[ToolCall] | None
 
 
 @dataclass(frozen=True)
@@ -191,8 +313,10 @@ ANSWERS = {
 }
 
 
-def request_kind(messages: list[dict[str, Any]]) -> str:
-    last = messages[-1] if messages else {}
+def request_kind(messages: list[Message]) -> str:
+    if not messages:
+        return "chat"
+    last = messages[-1]
     if last.get("role") == "tool":
         return "tool_result"
     text = str(last.get("content") or "").lower()
@@ -205,7 +329,7 @@ def request_kind(messages: list[dict[str, Any]]) -> str:
     return "chat"
 
 
-def teacher_answer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+def teacher_answer(messages: list[Message], tools: list[Tool] | None) -> TeacherAnswer:
     """What the tiny target is taught to answer: reasoning, content and tool calls in Kimi's structure.
     A conversation with tools gets a call to its first tool, unless it ends in that tool's result; the call
     names the tool once and passes no arguments, as copying names out of the prompt is what a model this
@@ -213,7 +337,7 @@ def teacher_answer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] |
     kind = request_kind(messages)
     if tools and kind != "tool_result":
         name = tools[0]["function"]["name"]
-        call = {
+        call: ToolCall = {
             "id": f"functions.{name}:{tool_history(messages)}",
             "type": "function",
             "function": {
@@ -230,7 +354,9 @@ def teacher_answer(messages: list[dict[str, Any]], tools: list[dict[str, Any]] |
     return {"reasoning": reasoning, "content": content, "tool_calls": None}
 
 
-def teacher_samples(tokenizer: KimiTokenizer, conversations: list[dict[str, Any]]) -> list[TeacherSample]:
+def teacher_samples(
+    tokenizer: KimiTokenizer, conversations: list[TeacherConversation]
+) -> list[TeacherSample]:
     """Each conversation rendered as a thinking turn (tools declared in TypeScript, as Kimi's template
     does), with its teacher answer."""
     chat = chat_format_for(tokenizer)
@@ -245,8 +371,8 @@ def teacher_samples(tokenizer: KimiTokenizer, conversations: list[dict[str, Any]
     return samples
 
 
-def read_conversations(paths: list[Path]) -> list[dict[str, Any]]:
-    conversations = []
+def read_conversations(paths: list[Path]) -> list[TeacherConversation]:
+    conversations: list[TeacherConversation] = []
     for path in paths:
         for number, line in enumerate(Path(path).read_text().splitlines(), 1):
             if not line.strip():
@@ -263,7 +389,7 @@ def _text_model(vocab_size: int, pad_id: int) -> Any:
     ids are positions in the kept vocabulary (so the special ids are not its own)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    settings = {
+    settings: dict[str, Any] = {  # DeepseekV3Config's keywords
         k: copy.deepcopy(v)  # transformers rewrites `rope_scaling` in place
         for k, v in TEXT_CONFIG.items()
         if k not in ("architectures", "model_type", "torch_dtype")
@@ -360,12 +486,13 @@ def _kimi_layout_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {f"language_model.{name}": tensor for name, tensor in state.items()}
 
 
-def target_config(name: str) -> dict[str, Any]:
+def target_config(name: str) -> TinyTextConfig | TinyKimiConfig:
     """config.json of a tiny target, in the shape its real counterpart ships. This writes the nesting
     (`text_config` for Kimi-K2.5); `TargetArchitecture` is what reads it."""
     if name == DEEPSEEK_V3_TINY:
-        return dict(TEXT_CONFIG)
-    text = {k: v for k, v in TEXT_CONFIG.items() if k != "architectures"}
+        return TEXT_CONFIG.copy()
+    text = TEXT_CONFIG.copy()
+    del text["architectures"]
     return {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
@@ -378,7 +505,7 @@ def target_config(name: str) -> dict[str, Any]:
     }
 
 
-def recipe_fingerprint(conversations: list[dict[str, Any]]) -> str:
+def recipe_fingerprint(conversations: list[TeacherConversation]) -> str:
     """Changes whenever the trained weights would (teacher prompts included)."""
     recipe = [
         RECIPE_VERSION,

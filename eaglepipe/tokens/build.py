@@ -12,9 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +24,14 @@ from eaglepipe.target.load import load_target_tokenizer
 from eaglepipe.tokens.methods import AMBIGUITY_FLAGS, EXACT_METHODS, Flag, Method, flag_names
 from eaglepipe.tokens.rebuild import Rebuilder, Rebuilt, RebuiltSample, TokensError, TokenSettings
 from eaglepipe.tokens.round_trip import MISSES_LISTED, round_trip
-from eaglepipe.tokens.token_file import DroppedYield, TokenBilled, TokenStats, TokenYield, write_token_file
+from eaglepipe.tokens.token_file import (
+    DroppedYield,
+    PromptReport,
+    TokenBilled,
+    TokenStats,
+    TokenYield,
+    write_token_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +246,7 @@ def _billed(samples: list[RebuiltSample], total: int) -> TokenBilled:
     }
 
 
-def _prompt_summary(samples: list[RebuiltSample], settings: TokenSettings) -> dict[str, Any]:
+def _prompt_summary(samples: list[RebuiltSample], settings: TokenSettings) -> PromptReport:
     billed_prompts = [(len(s.prompt_ids), s.billed_prompt) for s in samples if s.billed_prompt is not None]
     with_tools = [s for s in samples if s.prompt_diffs]
     formats = sorted({f for s in with_tools for f in s.prompt_diffs})
@@ -255,7 +260,13 @@ def _prompt_summary(samples: list[RebuiltSample], settings: TokenSettings) -> di
             "matched": len(checked) - len(mismatched),
             "mismatched": len(mismatched),
             "mismatches": [
-                {"prompt_id": s.prompt_id, "provider": s.provider, **asdict(found)}
+                {
+                    "prompt_id": s.prompt_id,
+                    "provider": s.provider,
+                    "first_difference": found.first_difference,
+                    "server_length": found.server_length,
+                    "rendered_length": found.rendered_length,
+                }
                 for s, found in mismatched[:MISSES_LISTED]
             ],
         },

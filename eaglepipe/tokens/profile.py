@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglepipe.tokens.normalize import WHITESPACE_MODES
+from eaglepipe.tokens.token_file import EngineSummary, EvidenceSummary
 
 # A provider is taken to pad only when at least this many samples had a space at every marker; with fewer,
 # the text as returned stays a candidate too.
@@ -57,7 +58,7 @@ class EngineProfile:
     stop_billed: bool = True
     sources: dict[str, str] = field(default_factory=dict)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> EngineSummary:
         return {
             "whitespace": list(self.whitespace),
             "whitespace_fallback": list(self.fallback),
@@ -84,7 +85,7 @@ class Evidence:
     # numbering, kept) or after them twice (`shifted`: SGLang's non-streamed renumbering of it).
     first_call_numbers: Counter[str] = field(default_factory=Counter)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> EvidenceSummary:
         return {
             "samples": self.samples,
             "pad_sites": self.pad_sites,

@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from eaglepipe.errors import EaglepipeError
+from eaglepipe.messages import ToolCall
 from eaglepipe.prompts.records import PromptRecord
 from eaglepipe.responses import ResponseRecord
 from eaglepipe.target.chat_format import ChatFormat
@@ -398,7 +399,7 @@ class Rebuilder:
 
     def _as_returned_length(self, reply: Reply, pieces: PieceCache) -> int:
         """The completion's length for the returned text taken as is (the shared renderer's structure)."""
-        calls = [
+        calls: list[ToolCall] = [
             {"id": c.id, "function": {"name": c.name, "arguments": c.arguments}} for c in reply.tool_calls
         ]
         segments = self.chat.completion_segments(

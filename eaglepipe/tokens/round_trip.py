@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from eaglepipe.target.chat_format import ChatFormat
 from eaglepipe.tokens.methods import Flag
 from eaglepipe.tokens.rebuild import RebuiltSample, first_difference
+from eaglepipe.tokens.token_file import RoundTripMiss, RoundTripReport
 
 # Misses listed in tokens.json; all are counted.
 MISSES_LISTED = 50
@@ -32,7 +32,7 @@ LENGTH_BUCKETS = (128, 512, 2048)
 
 def round_trip(
     chat: ChatFormat, served: list[RebuiltSample], text_only: list[RebuiltSample] | None
-) -> dict[str, Any]:
+) -> RoundTripReport:
     """`tokens.json` `round_trip`: `served` as the stage rebuilt it, `text_only` the same records read
     without their ids (None when no record had server ids)."""
     pairs = (
@@ -45,7 +45,7 @@ def round_trip(
         else []
     )
     counts = {"exact": 0, "count_matched": 0, "off": 0}
-    misses = []
+    misses: list[RoundTripMiss] = []
     buckets: dict[str, Counter[str]] = {}
     labelled: Counter[str] = Counter()  # (label, truth) of every answer
     for sample, server, rebuilt in pairs:
@@ -78,7 +78,9 @@ def round_trip(
     split_only = sum(n for key, n in labelled.items() if key.endswith(": segmentation"))
     return {
         "samples": len(pairs),
-        **counts,
+        "exact": counts["exact"],
+        "count_matched": counts["count_matched"],
+        "off": counts["off"],
         "exact_share": round(counts["exact"] / len(pairs), 6) if pairs else None,
         "server_ids_rejected": sum(bool(s.flags & Flag.SERVER_IDS_REJECTED) for s, _, _ in pairs),
         "labelled_vs_truth": dict(sorted(labelled.items())),

@@ -8,7 +8,7 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import atomic_write, write_json
@@ -67,6 +67,103 @@ class TokenYield(TypedDict):
     dropped: dict[str, DroppedYield]
 
 
+class PromptMismatch(TypedDict):
+    """A prompt whose server ids differ from our rendering."""
+
+    prompt_id: str
+    provider: str | None
+    first_difference: int | None
+    server_length: int
+    rendered_length: int
+
+
+class ServerPromptIds(TypedDict):
+    samples: int
+    matched: int
+    mismatched: int
+    mismatches: list[PromptMismatch]  # the first ones
+
+
+class ToolFormatPrompts(TypedDict):
+    """The prompts with tools, rendered with one tool-declaration format, against their bills."""
+
+    matched: int
+    rendered_minus_billed_histogram: dict[str, int]
+
+
+class PromptReport(TypedDict):
+    """`tokens.json` `prompt`: the rendered prompts against the bills and the server's own ids."""
+
+    count_mismatches: int
+    server_ids: ServerPromptIds
+    rebuilt_minus_billed_histogram: dict[str, int]
+    tool_format: str
+    samples_with_tools: int
+    used_other_tool_format: int
+    tool_formats: dict[str, ToolFormatPrompts]
+
+
+class RoundTripMiss(TypedDict):
+    """An answer whose text-only rebuild differs from the server's ids."""
+
+    prompt_id: str
+    provider: str | None
+    kind: str  # count_matched or off
+    truth: str  # segmentation, dropped_special or structural
+    first_difference: int
+    server_length: int
+    rebuilt_length: int
+    rebuilt_method: str
+
+
+class SegmentationOnly(TypedDict):
+    """How well the `rebuilt_segmentation_only` label tells answers that differ only in their split."""
+
+    labelled: int
+    truly_segmentation: int
+    precision: float | None
+    dropped_special: int
+    truly_segmentation_misses: int
+    recall: float | None
+
+
+class RoundTripReport(TypedDict):
+    """`tokens.json` `round_trip`: the answers that came with server ids, rebuilt from their text alone."""
+
+    samples: int
+    exact: int
+    count_matched: int
+    off: int
+    exact_share: float | None
+    server_ids_rejected: int
+    labelled_vs_truth: dict[str, int]
+    segmentation_only: SegmentationOnly
+    by_length: dict[str, dict[str, int]]
+    misses: list[RoundTripMiss]
+
+
+class EngineSummary(TypedDict):
+    """How the token stage read one provider's replies, and what decided each field."""
+
+    whitespace: list[str]
+    whitespace_fallback: list[str]
+    tool_ids: str
+    arguments: str
+    stop_billed: bool
+    decided_by: dict[str, str]
+
+
+class EvidenceSummary(TypedDict):
+    samples: int
+    pad_sites: int
+    pad_refuted: int
+    exact_id_samples: int
+
+
+class ProviderReport(EngineSummary, EvidenceSummary):
+    """`tokens.json` `providers[name]`."""
+
+
 # `yield` is a keyword, hence the functional form. `prompt`, `round_trip` and `providers` are reports
 # (docs/formats.md spells their keys); nothing reads them back but the figures' tables and the tests.
 TokenStats = TypedDict(
@@ -78,9 +175,9 @@ TokenStats = TypedDict(
         "counts": TokenCounts,
         "shares": dict[str, float | None],
         "billed": TokenBilled,
-        "prompt": dict[str, Any],
-        "round_trip": dict[str, Any],
-        "providers": dict[str, dict[str, Any]],
+        "prompt": PromptReport,
+        "round_trip": RoundTripReport,
+        "providers": dict[str, ProviderReport],
         "yield": TokenYield,
     },
 )

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -29,6 +29,14 @@ from eaglepipe.hidden import HiddenError
 from eaglepipe.hidden.backends import CapturedStates
 
 log = logging.getLogger(__name__)
+
+
+class WorkerReply(TypedDict, total=False):
+    """One line on the reply descriptor: the engine is up, a request's answer file, or why it failed."""
+
+    ready: bool
+    out: str
+    error: str
 
 
 class EngineProcess:
@@ -106,7 +114,7 @@ class EngineProcess:
             )
         return answer["hidden_states"], answer["token_ids"], offsets
 
-    def _expect(self, key: str) -> dict[str, Any]:
+    def _expect(self, key: str) -> WorkerReply:
         line = self._replies.readline()
         if not line:
             status = self._process.wait() if self._process else "?"
@@ -114,7 +122,7 @@ class EngineProcess:
             raise HiddenError(
                 f"the {self.name} engine exited (status {status}): see the job log; last lines: {tail}"
             )
-        message = json.loads(line)
+        message: WorkerReply = json.loads(line)
         if "error" in message:
             raise HiddenError(message["error"])
         if key not in message:
@@ -177,5 +185,5 @@ class WorkerReplies:
             request = json.loads(line)
             yield request["samples"], request["out"]
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: WorkerReply) -> None:
         self._replies.write(json.dumps(message) + "\n")

@@ -17,7 +17,7 @@ import argparse
 import json
 import socket
 from array import array
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglepipe.hidden.backends import gpu_memory_problem
 from eaglepipe.hidden.backends.engine_process import WorkerReplies
@@ -25,7 +25,24 @@ from eaglepipe.hidden.backends.engine_process import WorkerReplies
 SGLANG_VERSION = "0.5.14"
 
 
-def server_arguments(args: argparse.Namespace) -> dict[str, Any]:
+class ServerArguments(TypedDict):
+    """The `sglang.Engine` keywords this worker sets (`server_arguments`)."""
+
+    model_path: str
+    dtype: str
+    tp_size: int
+    device: str
+    trust_remote_code: bool
+    skip_tokenizer_init: bool
+    context_length: int
+    mem_fraction_static: float
+    disable_cuda_graph: bool
+    disable_radix_cache: bool
+    chunked_prefill_size: int
+    enable_return_hidden_states: bool
+
+
+def server_arguments(args: argparse.Namespace) -> ServerArguments:
     """SGLang's ServerArgs for a prefill-only run: no CUDA graphs (prefill shapes vary), no radix cache (every
     sample is prefilled whole, so each token's state is computed, not looked up), no chunked prefill."""
     return {

@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from eaglepipe.hidden.backends import gpu_memory_problem
 from eaglepipe.hidden.backends.engine_process import WorkerReplies
@@ -24,9 +24,52 @@ VLLM_VERSION = "0.32"  # the connector relies on this version's private methods 
 CONNECTOR_MODULE = "eaglepipe.hidden.backends.vllm_connector"
 
 
-def engine_arguments(args: argparse.Namespace) -> dict[str, Any]:
+class DraftHFConfig(TypedDict):
+    eagle_aux_hidden_state_layer_ids: list[int]
+
+
+class DraftModelConfig(TypedDict):
+    hf_config: DraftHFConfig
+
+
+class SpeculativeConfig(TypedDict):
+    method: str
+    num_speculative_tokens: int
+    draft_model_config: DraftModelConfig
+
+
+class ConnectorStorage(TypedDict):
+    shared_storage_path: str
+
+
+class KVTransferConfig(TypedDict):
+    kv_connector: str
+    kv_connector_module_path: str
+    kv_role: str
+    kv_connector_extra_config: ConnectorStorage
+
+
+class EngineArguments(TypedDict):
+    """The `vllm.LLM` keywords this worker sets (`engine_arguments`): the hidden states leave through our
+    connector, as the speculative `extract_hidden_states` method's KV transfer."""
+
+    model: str
+    dtype: str
+    tensor_parallel_size: int
+    max_model_len: int
+    seed: int
+    enforce_eager: bool
+    skip_tokenizer_init: bool
+    speculative_config: SpeculativeConfig
+    kv_transfer_config: KVTransferConfig
+    language_model_only: NotRequired[bool]
+    attention_backend: NotRequired[str]
+    gpu_memory_utilization: NotRequired[float]
+
+
+def engine_arguments(args: argparse.Namespace) -> EngineArguments:
     on_cpu = args.device == "cpu"
-    engine: dict[str, Any] = {
+    engine: EngineArguments = {
         "model": args.target,
         "dtype": args.dtype,
         "tensor_parallel_size": args.tensor_parallel,

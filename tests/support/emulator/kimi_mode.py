@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from eaglepipe.chat_api import MessageFields, StreamDelta
 from eaglepipe.emulator.backend import GeneratedToken, GenerationRequest
@@ -28,6 +27,7 @@ from eaglepipe.emulator.errors import ApiError, EmulatorError
 from eaglepipe.emulator.habits import provider_reply, reasoning_tokens, reply_message, stream_deltas
 from eaglepipe.emulator.providers import Endpoint, ReplyHabits
 from eaglepipe.emulator.text_like import SWITCHES, EngineReply
+from eaglepipe.messages import Message, Tool
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.load import load_target_tokenizer
@@ -38,8 +38,8 @@ from support.emulator.synthetic import Pace, SyntheticStream
 
 def rendered_prompt(
     chat_format: ChatFormat,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
+    messages: list[Message],
+    tools: list[Tool] | None,
     thinking: bool,
 ) -> tuple[int, ...]:
     """The prompt's ids as the corpus renders them (tools declared in TypeScript)."""
@@ -90,7 +90,7 @@ class KimiText:
         self.corpus = corpus
 
     def prompt_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+        self, messages: list[Message], tools: list[Tool] | None, *, thinking: bool
     ) -> list[int]:
         """The sample's prompt, rendered as a thinking turn or else as an instant one."""
         for thinking in (True, False):

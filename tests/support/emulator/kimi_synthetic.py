@@ -23,6 +23,7 @@ from typing import Any
 import regex
 
 from eaglepipe.emulator.text_like import EngineReply, EngineSwitch, engine_reply
+from eaglepipe.messages import Message, Tool, ToolCall
 from eaglepipe.target import kimi_chat
 from eaglepipe.target.chat_format import ChatFormat, chat_format_for
 from eaglepipe.target.kimi_layout import layout_corpus
@@ -37,7 +38,7 @@ NON_CANONICAL = frozenset({"noncanonical_longer", "noncanonical_same_count"})
 LITERAL_SPECIALS = ("<|im_end|>", "<think>", "[EOS]", "<|im_user|>")
 EDGE_WHITESPACE = ("\n", "\n\n", " ", "\n  ")
 
-TOOLS: list[dict[str, Any]] = [
+TOOLS: list[Tool] = [
     {
         "type": "function",
         "function": {
@@ -159,14 +160,14 @@ class _Writer:
         return json.dumps(values, ensure_ascii=False)
 
 
-def _history(writer: _Writer, rng: random.Random, tools: bool) -> tuple[list[dict[str, Any]], int]:
+def _history(writer: _Writer, rng: random.Random, tools: bool) -> tuple[list[Message], int]:
     """Earlier turns, some with tool calls and their results; returns them and the calls made."""
-    messages: list[dict[str, Any]] = []
+    messages: list[Message] = []
     calls = 0
     for _ in range(rng.randrange(0, 3)):
         messages.append({"role": "user", "content": writer.text(rng.randrange(1, 3))})
         if tools and rng.random() < 0.6:
-            made = []
+            made: list[ToolCall] = []
             for _ in range(rng.randrange(1, 3)):
                 name = rng.choice(TOOLS)["function"]["name"]
                 made.append(

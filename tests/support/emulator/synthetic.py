@@ -16,9 +16,9 @@ import random
 import time
 from array import array
 from dataclasses import dataclass
-from typing import Any
 
 from eaglepipe.emulator.backend import GeneratedToken, GenerationRequest
+from eaglepipe.messages import Message, Tool
 from eaglepipe.target.chat import normalize_messages
 
 STOP_ID = 0
@@ -38,7 +38,7 @@ def _words(count: int) -> list[str]:
     return list(words)
 
 
-def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bytes:
+def render_prompt(messages: list[Message], tools: list[Tool] | None) -> bytes:
     """The conversation as ChatML, tools as a system turn: what `prompt_tokens` is estimated from."""
     turns = normalize_messages(None, messages, tools)  # None: no chat template, so no tool support
     text = "".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in turns)
@@ -67,7 +67,7 @@ class WordText:
         self.words = ["<|im_end|>", *_words(_WORDS)]
 
     def prompt_ids(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, thinking: bool
+        self, messages: list[Message], tools: list[Tool] | None, *, thinking: bool
     ) -> list[int]:
         data = render_prompt(messages, tools)
         data += b"\0" * (-len(data) % 4)
