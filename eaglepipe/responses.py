@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
-from eaglepipe.chat_api import ChatRequestFields
+from eaglepipe.chat_api import ChatRequestFields, Logprobs
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import atomic_write, json_lines
 from eaglepipe.messages import ToolCall
@@ -56,7 +56,7 @@ class ResponseBody(TypedDict):
     finish_reason: str
     token_ids: NotRequired[list[int]]
     prompt_token_ids: NotRequired[list[int]]
-    logprobs: NotRequired[dict[str, Any]]
+    logprobs: NotRequired[Logprobs]
     reasoning_details: NotRequired[list[Any]]
     reasoning_encrypted: NotRequired[bool]
     finish_evidence: NotRequired[FinishEvidence]

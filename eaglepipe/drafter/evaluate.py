@@ -21,6 +21,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from eaglepipe.config import section_fields
+from eaglepipe.config_types import EvalSection
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.export import load_exported
 from eaglepipe.drafter.model import DraftCache, Eagle3Drafter
@@ -128,7 +129,7 @@ class EvalSettings:
     seed: int = 0  # the untrained drafter's initialisation; not a config key
 
     @classmethod
-    def from_section(cls, section: dict[str, Any]) -> EvalSettings:
+    def from_section(cls, section: EvalSection) -> EvalSettings:
         """From the validated config's `eval` section (its held-out prompts are training's)."""
         return cls(**section_fields(cls, section))
 

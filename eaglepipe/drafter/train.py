@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from eaglepipe.config import section_fields
+from eaglepipe.config_types import DrafterSection
 from eaglepipe.drafter import DrafterError
 from eaglepipe.drafter.checkpoint import (
     load_checkpoint,
@@ -72,7 +73,7 @@ class TrainSettings:
     curve_points: int  # drafters kept along training for the learning curve (the final one included)
 
     @classmethod
-    def from_section(cls, section: dict[str, Any]) -> TrainSettings:
+    def from_section(cls, section: DrafterSection) -> TrainSettings:
         """From the validated config's `drafter` section (the keys the rule passes; others are ignored)."""
         return cls(**section_fields(cls, section))
 

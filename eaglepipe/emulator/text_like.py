@@ -20,8 +20,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from eaglepipe.chat_api import Logprobs
 from eaglepipe.messages import ToolCall
 from eaglepipe.responses import ResponseBody
 from eaglepipe.target.tokenizer import TargetTokenizer, TokenizerError
@@ -107,7 +108,7 @@ class EngineReply:
     finish_reason: str
     completion_tokens: int
     token_ids: list[int] | None
-    logprobs: dict[str, Any] | None
+    logprobs: Logprobs | None
 
     def response(self) -> ResponseBody:
         """The `response` of a responses.jsonl record."""
@@ -183,7 +184,7 @@ def engine_reply(
     elif switch.whitespace == "rstrip":
         reasoning = reasoning.rstrip() if reasoning is not None and closed else reasoning
         content = "" if section and not content.strip() else content
-    logprobs = None
+    logprobs: Logprobs | None = None
     if switch.returns_logprobs:
         entries = [tokenizer.token_bytes(i) for i in ids]
         logprobs = {

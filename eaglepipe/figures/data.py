@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglepipe.hidden.storage import bytes_per_token
-from eaglepipe.openrouter.ledger import ledger_path
+from eaglepipe.openrouter.ledger import BilledLine, read_billed
 from eaglepipe.responses import iter_responses
 from eaglepipe.tokens.token_file import TokenStats, read_token_stats
 
@@ -50,7 +50,7 @@ class SetOutputs:
 @dataclass
 class RunOutputs:
     sets: list[SetOutputs]
-    ledger: list[dict[str, Any]] = field(default_factory=list)  # billed lines of the run-wide ledger
+    ledger: list[BilledLine] = field(default_factory=list)  # billed lines of the run-wide ledger
     train: TrainReport | None = None  # drafter/train.json
     eval: EvalReport | None = None  # drafter/eval.json
 
@@ -76,22 +76,6 @@ def read_answers(path: Path | None) -> list[Answer] | None:
         )
         for record in iter_responses(path)
     ]
-
-
-def read_billed(ledger_dir: Path) -> list[dict[str, Any]]:
-    """The ledger's `billed` lines in time order; a torn last line (a job killed mid-write) is skipped."""
-    path = ledger_path(ledger_dir)
-    if not path.is_file():
-        return []
-    billed = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("event") == "billed":
-            billed.append(record)
-    return sorted(billed, key=lambda record: record.get("at") or 0.0)
 
 
 def load_run(

@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import torch
 from torch import Tensor
 
+from eaglepipe.config_types import HiddenSection
 from eaglepipe.hidden import HiddenError
 from eaglepipe.hidden.backends import (
     BACKENDS,
@@ -128,7 +129,7 @@ class HiddenSettings:
     keep_free_gb: float
 
     @classmethod
-    def from_section(cls, section: dict[str, Any], *, target_name: str, gpus: int) -> HiddenSettings:
+    def from_section(cls, section: HiddenSection, *, target_name: str, gpus: int) -> HiddenSettings:
         """From the validated config's `hidden` section, the target's name and the GPUs the job got."""
         return cls(
             target_name=target_name,

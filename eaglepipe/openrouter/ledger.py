@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from eaglepipe.io import atomic_write
-from eaglepipe.openrouter.appendlog import AppendLog, read_new_lines
+from eaglepipe.openrouter.appendlog import AppendLog, read_lines, read_new_lines
 
 LEDGER_FILE = "ledger.jsonl"
 LIVE_DIR = "live"
@@ -130,6 +130,16 @@ class LedgerView:
 
 def read_ledger(ledger_dir: Path) -> LedgerView:
     return LedgerView(ledger_path(ledger_dir)).refresh()
+
+
+def read_billed(ledger_dir: Path) -> list[BilledLine]:
+    """The ledger's `billed` lines in time order (a torn last line, a job killed mid-write, is skipped)."""
+    billed = [
+        cast(BilledLine, record)  # a line this module wrote
+        for record in read_lines(ledger_path(ledger_dir))
+        if record.get("event") == "billed"
+    ]
+    return sorted(billed, key=lambda record: record.get("at") or 0.0)
 
 
 class RunLedger:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
+from eaglepipe.config_types import ProviderHabits
 from eaglepipe.tokens.normalize import WHITESPACE_MODES
 from eaglepipe.tokens.token_file import EngineSummary, EvidenceSummary
 
@@ -40,7 +40,7 @@ class ProviderPin:
     stop_billed: bool | None = None
 
     @classmethod
-    def from_config(cls, entry: dict[str, Any]) -> ProviderPin:
+    def from_config(cls, entry: ProviderHabits) -> ProviderPin:
         return cls(
             entry.get("whitespace"), entry.get("tool_ids"), entry.get("arguments"), entry.get("stop_billed")
         )

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any
 
+from eaglepipe.config_types import TokensSection
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.messages import ToolCall
 from eaglepipe.prompts.records import PromptRecord
@@ -57,7 +57,7 @@ class TokenSettings:
     providers: dict[str, ProviderPin]
 
     @classmethod
-    def from_section(cls, section: dict[str, Any]) -> TokenSettings:
+    def from_section(cls, section: TokensSection) -> TokenSettings:
         """From the validated config's `tokens` section."""
         return cls(
             on_mismatch=section["on_mismatch"],
