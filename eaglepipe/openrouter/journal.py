@@ -89,7 +89,7 @@ def failed_for_good(journal_dir: Path, fingerprint: str) -> dict[str, FailureRec
     return reusable(checked, fingerprint)
 
 
-class Tally(TypedDict):
+class TallyFile(TypedDict):
     """tally.json: per fingerprint and prompt id, [prompt_tokens, completion_tokens] of the journal's first
     `offset` bytes; `identity` names the journal file they were read from."""
 
@@ -142,11 +142,11 @@ def _journal_identity(records_path: Path) -> list[Any]:
     return [stat.st_dev, stat.st_ino, hashlib.sha256(first_line).hexdigest()[:16]]
 
 
-def _read_tally(path: Path) -> Tally | None:
+def _read_tally(path: Path) -> TallyFile | None:
     try:
         tally = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if not (isinstance(tally, dict) and tally.get("version") == TALLY_VERSION):
         return None
-    return cast(Tally, tally)  # this version's file, as this module wrote it
+    return cast(TallyFile, tally)  # this version's file, as this module wrote it
