@@ -8,10 +8,10 @@ with snakemake_job(snakemake):
         answers_job(
             snakemake.params.source,
             dataset=snakemake.wildcards.ds,
-            input=dict(snakemake.input.items()),
-            output=dict(snakemake.output.items()),
+            inputs=dict(snakemake.input.items()),
+            outputs=dict(snakemake.output.items()),
             params=dict(snakemake.params.items()),
-            log=dict(snakemake.log.items()),
+            logs=dict(snakemake.log.items()),
             threads=snakemake.threads,
         )
     )

@@ -35,16 +35,16 @@ class BoughtAnswers:
 
     @classmethod
     def from_rule(
-        cls, input: Mapping[str, Any], params: Mapping[str, Any], log: Mapping[str, Any], threads: int
+        cls, inputs: Mapping[str, Any], params: Mapping[str, Any], logs: Mapping[str, Any], threads: int
     ) -> BoughtAnswers:
         asked, request = AskedSet.from_rule(params), params["request"]
         return cls(
             asked=asked,
             request=request,
             api=ApiSettings.from_params({**request, **asked.operational}),
-            providers=Path(input["providers"]),
+            providers=Path(inputs["providers"]),
             dollar_budget=DollarBudget.from_param(params["dollar_budget"]),
-            emulator_log=Path(log["emulator"]) if "emulator" in log else None,
+            emulator_log=Path(logs["emulator"]) if "emulator" in logs else None,
             threads=threads,
         )
 

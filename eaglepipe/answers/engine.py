@@ -144,7 +144,7 @@ class EngineAnswers:
 
     @classmethod
     def from_rule(
-        cls, input: Mapping[str, Any], params: Mapping[str, Any], log: Mapping[str, Any], threads: int
+        cls, inputs: Mapping[str, Any], params: Mapping[str, Any], logs: Mapping[str, Any], threads: int
     ) -> EngineAnswers:
         asked, request = AskedSet.from_rule(params), params["request"]
         engine = EngineSettings.from_section(asked.operational["engine"])
@@ -153,7 +153,7 @@ class EngineAnswers:
                 f"{params['settings']} is for a {engine.server} engine, the rule asks "
                 f"{request['server']}: rerun `.venv/bin/snakemake generation_settings`"
             )
-        return cls(asked=asked, request=request, engine=engine, engine_log=Path(log["engine"]))
+        return cls(asked=asked, request=request, engine=engine, engine_log=Path(logs["engine"]))
 
     def answer(self, job: AnswersJob) -> None:
         asked, engine = self.asked, self.engine

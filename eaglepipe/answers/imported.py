@@ -72,9 +72,9 @@ class ImportedAnswers:
 
     @classmethod
     def from_rule(
-        cls, input: Mapping[str, Any], params: Mapping[str, Any], log: Mapping[str, Any], threads: int
+        cls, inputs: Mapping[str, Any], params: Mapping[str, Any], logs: Mapping[str, Any], threads: int
     ) -> ImportedAnswers:
-        return cls(answers=Path(input["answers"]), target_name=params["target_name"])
+        return cls(answers=Path(inputs["answers"]), target_name=params["target_name"])
 
     def answer(self, job: AnswersJob) -> None:
         import_answers(

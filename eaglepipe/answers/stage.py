@@ -27,20 +27,20 @@ def answers_job(
     source: Source,
     *,
     dataset: str,
-    input: Mapping[str, Any],
-    output: Mapping[str, Any],
+    inputs: Mapping[str, Any],
+    outputs: Mapping[str, Any],
     params: Mapping[str, Any],
-    log: Mapping[str, Any],
+    logs: Mapping[str, Any],
     threads: int = 1,
 ) -> AnswersJob:
     """The job a rule describes (`rules/generate.smk`): its named input, output, params and log."""
     return AnswersJob(
         dataset=dataset,
-        prompts=Path(input["prompts"]),
-        responses=Path(output["responses"]),
+        prompts=Path(inputs["prompts"]),
+        responses=Path(outputs["responses"]),
         summary=Path(params["summary"]),
         output_token_budget=params["output_token_budget"],
-        source=SOURCES[source](input, params, log, threads),
+        source=SOURCES[source](inputs, params, logs, threads),
     )
 
 

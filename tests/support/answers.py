@@ -39,10 +39,10 @@ def answer_engine_set(
     job = answers_job(
         Source.ENGINE,
         dataset=folder.name,
-        input={"prompts": str(prompts)},
-        output={"responses": str(folder / "responses.jsonl")},
+        inputs={"prompts": str(prompts)},
+        outputs={"responses": str(folder / "responses.jsonl")},
         params=params,
-        log={"engine": str(engine_log)},
+        logs={"engine": str(engine_log)},
     )
     answer_set(job)
     return json.loads(summary.read_text())
