@@ -4,7 +4,6 @@ dollars."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from typing import Any
 
 from eaglepipe.answers.asked import AskedSet, ask_server, probe_loading
 from eaglepipe.answers.job import AnswersJob
-from eaglepipe.openrouter.connection import api_connection, routing_policy
+from eaglepipe.openrouter.connection import api_connection, read_providers, routing_policy
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import provider_request
@@ -51,7 +50,7 @@ class BoughtAnswers:
     def answer(self, job: AnswersJob) -> None:
         api, asked = self.api, self.asked
         gen: JobGeneration = {**self.request["generation"], **asked.operational["generation"]}
-        providers = json.loads(self.providers.read_text())
+        providers = read_providers(self.providers)
         if providers.get("model") != api.model:
             raise OpenRouterError(
                 f"{self.providers} lists endpoints of {providers.get('model')!r}, not of "

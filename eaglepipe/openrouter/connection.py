@@ -3,16 +3,18 @@ job's own duration (no key); anything else is a real API reached with the key fi
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 from eaglepipe.config import is_local_api, sets_answered_by
 from eaglepipe.config_types import Config, RoutingSection
 from eaglepipe.io import write_json
 from eaglepipe.layout import RunLayout
-from eaglepipe.openrouter.routing import RoutingPolicy, fetch_providers
+from eaglepipe.openrouter.routing import ProvidersFile, RoutingPolicy, fetch_providers
 from eaglepipe.openrouter.secrets import ApiKey, read_api_key
 from eaglepipe.openrouter.settings import ApiSettings
 
@@ -59,6 +61,11 @@ def write_providers(
         providers["source"] = "local"  # the emulator's port changes every run; its identity does not
     write_json(out_path, providers)
     log.info("%s: kept %s", out_path, [e["tag"] for e in providers["kept"]])
+
+
+def read_providers(path: Path) -> ProvidersFile:
+    """providers.json as `write_providers` wrote it; OSError or ValueError when it is missing or torn."""
+    return cast(ProvidersFile, json.loads(path.read_text()))
 
 
 def check_key_for_pending_sets(config: Config, datasets: list[str], layout: RunLayout) -> None:

@@ -3,7 +3,6 @@ request, no key. Every figure it cannot make is None ("unknown") rather than a g
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -15,6 +14,7 @@ from eaglepipe.config_types import Config, HfSource, HiddenSection, JsonlSource,
 from eaglepipe.hidden.storage import bytes_per_token, capped_tokens
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
+from eaglepipe.openrouter.connection import read_providers
 from eaglepipe.openrouter.dollars import buys_more_on_rerun, planned_budget
 from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.journal import tally_done
@@ -145,7 +145,7 @@ def training_yield(layout: RunLayout, datasets: list[str]) -> tuple[float | None
 def dearest_prices(providers_path: Path, model: str) -> Prices | None:
     """Prices from the cached endpoint list; None without one, or when it lists another model's endpoints."""
     try:
-        providers = json.loads(Path(providers_path).read_text())
+        providers = read_providers(Path(providers_path))
     except (OSError, ValueError):
         return None
     kept = providers.get("kept") or []
