@@ -1,26 +1,84 @@
-"""The answers an injected fault (faults.py) asks for that generate nothing: a dropped connection, an
-HTTP 200 without choices, with cut JSON or with a provider's error inside, a taxonomy shape's HTTP error,
-and the closed rate-limit windows some shapes open. None of it runs unless a test plugs a fault plan in.
+"""The answers a fault rule (fault_plan.py) asks for: a dropped connection, an HTTP 200 without choices,
+with cut JSON or with a provider's error inside, a taxonomy shape's HTTP error, the closed rate-limit
+windows some shapes open, and the odd ways a provider says an answer finished. The package's server
+(eaglepipe/emulator) has none of them; fault_source.py hands them to it through its hook.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from eaglepipe.emulator import shapes
 from eaglepipe.emulator.account import Account, Traffic
 from eaglepipe.emulator.chat_request import ChatRequest
 from eaglepipe.emulator.completion import Completion
-from eaglepipe.emulator.errors import InjectedReset
-from eaglepipe.emulator.faults import shaped_error
+from eaglepipe.emulator.errors import ApiError
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.routing import slug_matches
-from eaglepipe.emulator.streaming import DONE, PROCESSING, sse_answer
+from eaglepipe.emulator.streaming import DONE, PROCESSING, sse
+from support.emulator import shapes
+
+
+class InjectedReset(Exception):
+    """Raised to break a connection on purpose (the `reset` and `cutoff` faults)."""
+
+
+def hide_injected_resets(record: logging.LogRecord) -> bool:
+    """A log filter for uvicorn, which logs every exception that ends a response: a reset on purpose
+    is no error."""
+    return not (record.exc_info and isinstance(record.exc_info[1], InjectedReset))
+
+
+def shaped_error(shape: shapes.ErrorShape | None, provider: str) -> tuple[int, dict[str, Any]]:
+    """(status, error object) of an error inside an HTTP 200 or a stream: the shape's as `provider` sends
+    it, else a generic 502."""
+    if shape is None:
+        generic = ApiError(
+            502, "Provider returned an error mid-answer (emulator fault injection)", "upstream"
+        )
+        return generic.status, generic.body()["error"]
+    return shape.status, shape.error(time.time(), provider)
+
+
+def error_chunk(
+    completion: Completion, error: dict[str, Any], *, with_choices: bool = True
+) -> dict[str, Any]:
+    """A provider's error inside a stream, with its failed choice or (as some providers send it) with
+    empty `choices`."""
+    chunk = completion.error_chunk(error)
+    return chunk if with_choices else {**chunk, "choices": []}
+
+
+def sse_answer(chunks: list[dict[str, Any]], headers: dict[str, str]) -> Response:
+    """A short stream sent whole: the injected answers that carry no tokens."""
+    text = PROCESSING + "".join(sse(chunk) for chunk in chunks) + DONE
+    return Response(text, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+
+
+# What providers call a finish in their own words (`native_finish_reason`).
+_NATIVE_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def finish_saying(style: str) -> Callable[[str], dict[str, str | None]]:
+    """How a provider with a taxonomy quirk (shapes.QUIRKS: `finish_unnormalised`, `finish_native_only`,
+    `content_filter`, `finish_missing`) reports a stop or length, for `Completion.says_finish`."""
+
+    def says(reason: str) -> dict[str, str | None]:
+        if style == "content_filter":
+            return {"finish_reason": "content_filter", "native_finish_reason": "SAFETY"}
+        native = _NATIVE_FINISH.get(reason, reason)
+        if style == "finish_unnormalised":
+            return {"finish_reason": native, "native_finish_reason": native}
+        if style == "finish_native_only":
+            return {"finish_reason": None, "native_finish_reason": native}
+        return {"finish_reason": None, "native_finish_reason": None}  # finish_missing, unfinished
+
+    return says
 
 
 def dropped_connection(streamed: bool, headers: dict[str, str]) -> Response:
@@ -88,12 +146,24 @@ def error_answer(
     completion.failed = True
     without_choices = shape is not None and shape.where in ("body", "chunk_no_choices")
     if chat.stream:
-        chunk = completion.error_chunk(error, with_choices=not without_choices)
-        return sse_answer([chunk], headers)
+        return sse_answer([error_chunk(completion, error, with_choices=not without_choices)], headers)
     if without_choices:
         assert shape is not None
         return JSONResponse({"error": error, **shape.extra}, headers=headers)
-    return JSONResponse(completion.error_body(error), headers=headers)
+    return JSONResponse(_error_body(completion, error), headers=headers)
+
+
+def _error_body(completion: Completion, error: dict[str, Any]) -> dict[str, Any]:
+    """The HTTP 200 whose only choice failed, as OpenRouter sends when a provider errs."""
+    choice = {
+        "index": 0,
+        "logprobs": None,
+        "finish_reason": "error",
+        "native_finish_reason": "error",
+        "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None},
+        "error": error,
+    }
+    return {**completion.header("chat.completion"), "choices": [choice], "usage": completion.usage()}
 
 
 def stray_endpoint(
@@ -114,40 +184,39 @@ class Windows:
     """Closed rate-limit windows: scope ("account", or a provider's name) -> (opened at, until, shape).
     Every request a closed window covers gets the same 429, with the reset it gave."""
 
-    def __init__(self, traffic: Traffic) -> None:
-        self.traffic = traffic
+    def __init__(self) -> None:
         self.closed: dict[str, tuple[float, float, shapes.ErrorShape]] = {}
 
-    def clear(self) -> None:
-        self.closed.clear()
-
-    def shape_error(self, shape: shapes.ErrorShape, endpoint: Endpoint) -> Response:
+    def shape_error(self, shape: shapes.ErrorShape, endpoint: Endpoint, traffic: Traffic) -> Response:
         """A taxonomy shape's HTTP error, closing the window it opens (if any)."""
         if shape.window_s is not None:
             scope = endpoint.answer_name if shape.window_scope == "provider" else "account"
             now = time.time()
             self.closed[scope] = (now, now + shape.window_s, shape)
-        return self._error(shape, endpoint)
+        return _shape_response(shape, endpoint, traffic)
 
-    def answer(self, endpoint: Endpoint) -> Response | None:
+    def answer(self, endpoint: Endpoint, traffic: Traffic) -> Response | None:
         """The 429 of a window still closed over this request, or None."""
         now = time.time()
         for scope in ("account", endpoint.answer_name):
             opened, until, shape = self.closed.get(scope, (0.0, 0.0, None))
             if shape is not None and now < until:
-                self.traffic.faults["closed_window"] += 1
-                return self._error(shape, endpoint, opened)
+                traffic.faults["closed_window"] += 1
+                return _shape_response(shape, endpoint, traffic, opened)
         return None
 
-    def _error(self, shape: shapes.ErrorShape, endpoint: Endpoint, now: float | None = None) -> Response:
-        """A shape's status, headers and body (a web page for an edge error); `now` is when its window
-        opened, for a window's later answers."""
-        self.traffic.errors[shape.status] += 1
-        now = time.time() if now is None else now
-        media = "text/html; charset=UTF-8" if shape.html is not None else "application/json"
-        return Response(
-            shape.body(now, endpoint.answer_name),
-            status_code=shape.status,
-            headers=shape.headers(now),
-            media_type=media,
-        )
+
+def _shape_response(
+    shape: shapes.ErrorShape, endpoint: Endpoint, traffic: Traffic, now: float | None = None
+) -> Response:
+    """A shape's status, headers and body (a web page for an edge error); `now` is when its window
+    opened, for a window's later answers."""
+    traffic.errors[shape.status] += 1
+    now = time.time() if now is None else now
+    media = "text/html; charset=UTF-8" if shape.html is not None else "application/json"
+    return Response(
+        shape.body(now, endpoint.answer_name),
+        status_code=shape.status,
+        headers=shape.headers(now),
+        media_type=media,
+    )
