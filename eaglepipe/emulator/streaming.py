@@ -82,7 +82,7 @@ def _server_error(exc: Exception) -> dict[str, Any]:
     return error
 
 
-def _checked(answer: Answer, outcome: StreamFailure | bool) -> bool:
+def _checked(outcome: StreamFailure | bool) -> bool:
     """A fault hook's answer: an error ends the stream with it; else whether the hook said stop."""
     if isinstance(outcome, StreamFailure):
         raise _MidstreamError(outcome)
@@ -192,12 +192,12 @@ class Delivery:
                 if len(group) == generation.event_tokens:
                     yield content(group)
                     group = []
-                    if fault is not None and _checked(answer, fault.after_event(completion)):
+                    if fault is not None and _checked(fault.after_event(completion)):
                         break
             else:
                 if group:
                     yield content(group)
-            if fault is not None and _checked(answer, fault.after_tokens(completion)):
+            if fault is not None and _checked(fault.after_tokens(completion)):
                 return  # the body ends here; `on_close` settles it
             completion.complete = True
             *rest, last = deltas.flush() or [{"content": ""}]
