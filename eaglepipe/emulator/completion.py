@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglepipe.emulator.backend import GeneratedToken
 from eaglepipe.emulator.providers import Endpoint
@@ -17,8 +17,15 @@ def new_generation_id() -> str:
     return "gen-" + secrets.token_urlsafe(18)
 
 
-def said_finish(reason: str | None) -> dict[str, str | None]:
-    """`finish_reason` and `native_finish_reason` both as OpenAI names the finish."""
+class FinishFields(TypedDict):
+    """How an answer says it finished: OpenAI's name for it, and the provider's own."""
+
+    finish_reason: str | None
+    native_finish_reason: str | None
+
+
+def said_finish(reason: str | None) -> FinishFields:
+    """Both as OpenAI names the finish."""
     return {"finish_reason": reason, "native_finish_reason": reason}
 
 
@@ -56,7 +63,7 @@ class Completion:
     reasoning_tokens: int = 0
     reports_usage: bool = True
     reports_cost: bool = True
-    says_finish: Callable[[str], dict[str, str | None]] = field(default=said_finish)
+    says_finish: Callable[[str], FinishFields] = field(default=said_finish)
 
     def add(self, token: GeneratedToken) -> None:
         if self.first_token_s is None:
@@ -86,7 +93,7 @@ class Completion:
             return "length"
         return "tool_calls" if self.calls_tools else "stop"
 
-    def finish_fields(self, reason: str | None) -> dict[str, str | None]:
+    def finish_fields(self, reason: str | None) -> FinishFields:
         """`finish_reason` and `native_finish_reason` as this answer's provider reports `reason`."""
         if reason is None or reason == "error":
             return said_finish(reason)

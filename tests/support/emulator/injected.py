@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from eaglepipe.emulator.account import Account, Traffic
 from eaglepipe.emulator.chat_request import ChatRequest
-from eaglepipe.emulator.completion import Completion
+from eaglepipe.emulator.completion import Completion, FinishFields
 from eaglepipe.emulator.errors import ApiError
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.routing import slug_matches
@@ -64,11 +64,11 @@ def sse_answer(chunks: list[dict[str, Any]], headers: dict[str, str]) -> Respons
 _NATIVE_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def finish_saying(style: str) -> Callable[[str], dict[str, str | None]]:
+def finish_saying(style: str) -> Callable[[str], FinishFields]:
     """How a provider with a taxonomy quirk (shapes.QUIRKS: `finish_unnormalised`, `finish_native_only`,
     `content_filter`, `finish_missing`) reports a stop or length, for `Completion.says_finish`."""
 
-    def says(reason: str) -> dict[str, str | None]:
+    def says(reason: str) -> FinishFields:
         if style == "content_filter":
             return {"finish_reason": "content_filter", "native_finish_reason": "SAFETY"}
         native = _NATIVE_FINISH.get(reason, reason)
