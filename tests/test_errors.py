@@ -27,7 +27,6 @@ NOT_USER_FACING = {
     # The emulator's server side: answers to its HTTP client, never raised in a job.
     "eaglepipe.emulator.errors.ApiError",  # an error answer in OpenRouter's body shape
     "eaglepipe.emulator.backend.GenerationFailed",  # becomes a server error for the client
-    "eaglepipe.emulator.errors.InjectedReset",  # breaks a connection on purpose (the `reset` fault)
     # One failed attempt, classified and retried or recorded by the generation client.
     "eaglepipe.openrouter.replies.RequestFailed",
 }

@@ -17,9 +17,8 @@ import anyio
 import httpx
 import pytest
 from stage_settings import generation_settings
-from support.emulator import running_emulator
+from support.emulator import running_emulator, shapes
 
-from eaglepipe.emulator import shapes
 from eaglepipe.openrouter.client import GenerationSummary, generate_set
 from eaglepipe.openrouter.journal import load_done
 from eaglepipe.openrouter.ledger import read_ledger

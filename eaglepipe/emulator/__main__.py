@@ -28,7 +28,6 @@ from eaglepipe.emulator.errors import EmulatorError
 from eaglepipe.emulator.faults import FaultSource
 from eaglepipe.emulator.providers import Endpoint, ReplyHabits, load_endpoints
 from eaglepipe.emulator.routes import build_app
-from eaglepipe.emulator.streaming import hide_injected_resets
 from eaglepipe.emulator.text_like import SERVED_SWITCHES, SWITCHES
 from eaglepipe.io import atomic_write
 from eaglepipe.target.architecture import TargetArchitecture, TargetConfigError
@@ -163,7 +162,6 @@ async def _serve(app: Starlette, sock: socket.socket, host: str, port_file: Path
         timeout_keep_alive=75,
     )
     server = uvicorn.Server(config)
-    logging.getLogger("uvicorn.error").addFilter(hide_injected_resets)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)

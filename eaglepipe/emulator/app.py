@@ -1,7 +1,7 @@
 """Chat completions, the heart of the HTTP side: a request checked (key, body, model, credit, context),
-routed to an endpoint, given its fault (faults.py; none unless a test plugs a plan in), its worst case
-reserved against the in-flight budget, and answered from the engine (streaming.py) or as the fault says
-(injected.py). The other paths and the app are routes.py's; billing is account.py's.
+routed to an endpoint, its worst case reserved against the in-flight budget, and answered from the engine
+(streaming.py). A fault source (faults.py; none unless a test plugs one in) may take over or alter the
+answer at fixed points. The other paths and the app are routes.py's; billing is account.py's.
 
 Every mode shares every line here; only the engine and the text side differ (backend.py). Streams carry
 `choices[0].token_ids` per chunk and `prompt_token_ids` on the first chunk when the request sets
@@ -10,16 +10,14 @@ Every mode shares every line here; only the engine and the text side differ (bac
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from functools import partial
 from typing import cast
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
-from eaglepipe.emulator import shapes
 from eaglepipe.emulator.account import Account, Traffic
 from eaglepipe.emulator.backend import (
     GenerationRequest,
@@ -32,23 +30,12 @@ from eaglepipe.emulator.backend import (
 from eaglepipe.emulator.chat_request import ChatRequest, parse_chat_request
 from eaglepipe.emulator.completion import Completion
 from eaglepipe.emulator.errors import ApiError
-from eaglepipe.emulator.faults import NO_FAULT, FaultRule, FaultSource, NoFaults
-from eaglepipe.emulator.injected import (
-    Windows,
-    broken_json,
-    dropped_connection,
-    empty_answer,
-    error_answer,
-    stray_endpoint,
-)
+from eaglepipe.emulator.faults import ChatCall, ChatFault, FaultSource
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.routes import error_response
 from eaglepipe.emulator.routing import route
 from eaglepipe.emulator.streaming import Answer, Delivery, EventStream
 from eaglepipe.target.kimi_chat import tool_history
-
-_TAILS = frozenset({"usage_after_finish", "duplicate_finish", "ended_after_finish"})
-_FINISH_STYLES = frozenset({"finish_unnormalised", "finish_native_only", "finish_missing", "content_filter"})
 
 
 class Emulator:
@@ -81,7 +68,7 @@ class Emulator:
         self.endpoints = list(endpoints)
         self.model_id = model_id
         self.context_length = context_length
-        self.faults: FaultSource = faults or NoFaults()
+        self.faults = faults
         self.tokens_per_event = tokens_per_event
         self.account = Account(
             api_key=api_key,
@@ -92,7 +79,6 @@ class Emulator:
             store_content=store_content,
         )
         self.traffic = Traffic()
-        self.windows = Windows(self.traffic)
         self.delivery = Delivery(engine, text, self.replies, self.account, self.traffic)
         self.started_at = int(time.time())
 
@@ -146,18 +132,6 @@ class Emulator:
         )
         return chat, endpoint, generation
 
-    def _fault_for(self, chat: ChatRequest, endpoint: Endpoint) -> tuple[FaultRule, Endpoint]:
-        """This request's fault (NO_FAULT for none) and the endpoint that serves and bills it."""
-        fault = self.faults.draw("chat", endpoint.answer_name)
-        if fault.kind == "wrong_provider":
-            stray = stray_endpoint(self.endpoints, endpoint, chat.provider)
-            if stray is None:  # no live endpoint lies outside what the request allows
-                return NO_FAULT, endpoint
-            endpoint = stray
-        if fault is not NO_FAULT:
-            self.traffic.faults[fault.kind] += 1
-        return fault, endpoint
-
     async def chat_completions(self, request: Request) -> Response:
         traffic = self.traffic
         traffic.requests_received += 1
@@ -175,15 +149,14 @@ class Emulator:
 
     async def _respond(self, request: Request) -> Response:
         chat, endpoint, generation = await self._prepare(request)
-        closed = self.windows.answer(endpoint)
-        if closed is not None:
-            return closed
-        fault, endpoint = self._fault_for(chat, endpoint)
-        shape = shapes.ERRORS.get(fault.shape or "")
-        if shape is not None and (fault.kind == "burst" or shape.where == "http"):
-            return self.windows.shape_error(shape, endpoint)
-        if fault.kind in ("status", "burst"):
-            raise fault.api_error()
+        fault = None
+        if self.faults is not None:
+            fault = self.faults.chat(ChatCall(chat, endpoint, self.endpoints, self.traffic, self.account))
+        if fault is not None:
+            endpoint = fault.endpoint
+            refused = fault.refuse()
+            if refused is not None:
+                return refused
         prompt_usd = len(generation.prompt_ids) * endpoint.price("prompt")
         worst_case = prompt_usd + generation.max_tokens * endpoint.price("completion")
         reserved = self.account.reserve(worst_case, generation.max_tokens)
@@ -205,7 +178,7 @@ class Emulator:
         return response
 
     async def _answer(
-        self, chat: ChatRequest, endpoint: Endpoint, generation: GenerationRequest, fault: FaultRule
+        self, chat: ChatRequest, endpoint: Endpoint, generation: GenerationRequest, fault: ChatFault | None
     ) -> Response:
         completion = Completion(
             model_id=self.model_id,
@@ -217,42 +190,15 @@ class Emulator:
             tool_history=tool_history(chat.messages),
         )
         headers = {"X-Generation-Id": completion.id}
-        completion.reports_usage = fault.kind != "no_usage"
-        completion.reports_cost = fault.kind != "null_cost"
-        if fault.shape in _FINISH_STYLES:
-            completion.finish_style = fault.shape
-        in_200 = shapes.ERRORS.get(fault.shape or "")
-        if fault.kind == "stall" and not chat.stream:
-            await asyncio.sleep(fault.seconds)
-        elif fault.kind == "reset":
-            return dropped_connection(chat.stream, headers)
-        elif fault.kind == "empty_choices":
-            return empty_answer(chat, completion, headers, self.account)
-        elif fault.kind == "error_in_200" or (fault.kind == "midstream_error" and not chat.stream):
-            return error_answer(chat, completion, headers, self.traffic)
-        elif in_200 is not None and (not chat.stream or in_200.where in ("body", "choice")):
-            return error_answer(chat, completion, headers, self.traffic, in_200)
-        elif fault.shape == "no_output":
-            return empty_answer(chat, completion, headers, self.account, with_choice=True)
-        elif fault.shape == "not_json":
-            return broken_json(chat, completion, headers)
-        answer = Answer(
-            chat,
-            completion,
-            generation,
-            self.engine.stream(generation),
-            fails_after=fault.after_tokens if fault.kind == "midstream_error" or in_200 else None,
-            fails_with=in_200,
-            cut_after=fault.after_tokens if fault.kind == "cutoff" or fault.shape == "unfinished" else None,
-            cut_clean=fault.shape == "unfinished",
-            stall_s=fault.seconds if fault.kind == "stall" else 0.0,
-            tail=fault.shape if fault.shape in _TAILS else None,
-        )
+        if fault is not None:
+            replaced = await fault.replace(completion, headers)
+            if replaced is not None:
+                return replaced
+        answer = Answer(chat, completion, generation, self.engine.stream(generation), fault)
         if chat.stream:
             return EventStream(
                 self.delivery.events(answer), partial(self.delivery.end_stream, answer), headers
             )
-        if fault.shape == "unfinished":
-            completion.finish_style = "finish_missing"
-        whole = await self.delivery.whole(answer, headers, empty=fault.shape == "unfinished")
-        return dropped_connection(False, headers) if fault.kind == "cutoff" else whole
+        body = await self.delivery.whole(answer)
+        altered = None if fault is None else fault.whole(body, headers)
+        return altered if altered is not None else JSONResponse(body, headers=headers)

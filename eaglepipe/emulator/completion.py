@@ -31,8 +31,15 @@ def new_generation_id() -> str:
 
 
 class FinishFields(TypedDict):
+    """How an answer says it finished: OpenAI's name for it, and the provider's own."""
+
     finish_reason: str | None
     native_finish_reason: str | None
+
+
+def said_finish(reason: str | None) -> FinishFields:
+    """Both as OpenAI names the finish."""
+    return {"finish_reason": reason, "native_finish_reason": reason}
 
 
 @dataclass
@@ -43,8 +50,9 @@ class Completion:
     (both hold for a provider that cannot cancel); `failed`: it ended in an error; `calls_tools`: the
     provider returned tool calls, so a stop is reported as `tool_calls`; `reasoning_tokens`: how many of
     the ids were reasoning, as usage reports it (a Kimi answer; 0 for plain text). `reports_usage` and
-    `reports_cost` off leave the answer without usage or with `cost: null` (injected faults); the bill and
-    `/generation` are unchanged. `thinking` and `tool_history` (the calls made earlier in the conversation)
+    `reports_cost` off leave the answer without usage or with `cost: null`, and `says_finish` reports a
+    stop or length in a provider's own way (both for injected faults); the bill and `/generation` are
+    unchanged. `thinking` and `tool_history` (the calls made earlier in the conversation)
     are what a Kimi-layout reply shape needs to split the ids as the provider's parser would.
     """
 
@@ -68,8 +76,7 @@ class Completion:
     reasoning_tokens: int = 0
     reports_usage: bool = True
     reports_cost: bool = True
-    # How the answer says it finished (a taxonomy quirk, shapes.QUIRKS): `said` as OpenAI names it.
-    finish_style: str = "said"
+    says_finish: Callable[[str], FinishFields] = field(default=said_finish)
 
     def add(self, token: GeneratedToken) -> None:
         if self.first_token_s is None:
@@ -101,16 +108,9 @@ class Completion:
 
     def finish_fields(self, reason: str | None) -> FinishFields:
         """`finish_reason` and `native_finish_reason` as this answer's provider reports `reason`."""
-        if reason is None or reason == "error" or self.finish_style == "said":
-            return {"finish_reason": reason, "native_finish_reason": reason}
-        if self.finish_style == "content_filter":
-            return {"finish_reason": "content_filter", "native_finish_reason": "SAFETY"}
-        native = _NATIVE_FINISH.get(reason, reason)
-        if self.finish_style == "finish_unnormalised":
-            return {"finish_reason": native, "native_finish_reason": native}
-        if self.finish_style == "finish_native_only":
-            return {"finish_reason": None, "native_finish_reason": native}
-        return {"finish_reason": None, "native_finish_reason": None}  # finish_missing, unfinished
+        if reason is None or reason == "error":
+            return said_finish(reason)
+        return self.says_finish(reason)
 
     @property
     def prompt_tokens(self) -> int:
@@ -210,32 +210,13 @@ class Completion:
             choice["token_ids"] = token_ids
         return {**self.header("chat.completion.chunk"), "choices": [choice]}
 
-    def usage_chunk(self, *, with_choice: bool = False) -> dict[str, Any]:
-        """The last chunk: usage and empty `choices`, or (`with_choice`) the one choice some providers
-        repeat there with `finish_reason: null`."""
-        choices = (
-            [{"index": 0, "delta": {"content": ""}, "finish_reason": None, "native_finish_reason": None}]
-            if with_choice
-            else []
-        )
-        return {**self.header("chat.completion.chunk"), "choices": choices, "usage": self.usage()}
+    def usage_chunk(self) -> dict[str, Any]:
+        """The last chunk: usage and empty `choices`."""
+        return {**self.header("chat.completion.chunk"), "choices": [], "usage": self.usage()}
 
-    def error_body(self, error: dict[str, Any]) -> dict[str, Any]:
-        """The HTTP 200 whose only choice failed, as OpenRouter sends when a provider errs."""
-        choice = {
-            "index": 0,
-            "logprobs": None,
-            "finish_reason": "error",
-            "native_finish_reason": "error",
-            "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None},
-            "error": error,
-        }
-        return {**self.header("chat.completion"), "choices": [choice], "usage": self.usage()}
-
-    def error_chunk(self, error: dict[str, Any], *, with_choices: bool = True) -> dict[str, Any]:
-        """A failure inside a stream: a top-level `error` and `finish_reason: "error"` (or, as some
-        providers send it, an empty `choices`)."""
-        choices = [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}] if with_choices else []
+    def error_chunk(self, error: dict[str, Any]) -> dict[str, Any]:
+        """A failure inside a stream: a top-level `error` and `finish_reason: "error"`."""
+        choices = [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]
         return {**self.header("chat.completion.chunk"), "error": error, "choices": choices}
 
     def generation_record(self) -> GenerationRecord:
@@ -286,10 +267,6 @@ class Completion:
             "workspace_id": None,
             "service_tier": None,
         }
-
-
-# What providers call a finish in their own words (`native_finish_reason`).
-_NATIVE_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def logprobs_body(tokens: list[GeneratedToken], token_bytes: Callable[[int], bytes]) -> Logprobs:

@@ -1,5 +1,4 @@
-"""The ways the emulator fails: a problem for the operator, an API error for the client, or a connection
-broken on purpose."""
+"""The ways the emulator fails: a problem for the operator, or an API error for the client."""
 
 from __future__ import annotations
 
@@ -50,7 +49,3 @@ class ApiError(Exception):
         if self.retry_after_s is None:
             return {}
         return {"Retry-After": str(math.ceil(self.retry_after_s))}
-
-
-class InjectedReset(Exception):
-    """Raised to break a connection on purpose (the `reset` and `cutoff` faults)."""

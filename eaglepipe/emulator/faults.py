@@ -1,106 +1,109 @@
-"""The hook for injected failures: a `FaultSource` hands the server one `FaultRule` per request, and the
-server answers as the rule says (app.py, streaming.py, injected.py). The server itself injects nothing;
-the tests' fault plans (tests/support/emulator/fault_plan.py: `--faults FILE`, `POST
-/api/v1/emulator/faults`) plug in here.
+"""The hook for injected failures. The server injects nothing and knows no fault kinds: a `FaultSource`
+(the tests' fault plans, tests/support/emulator/fault_source.py) is asked once per request, and the
+`ChatFault` it returns is called at fixed points of the answer (app.py, streaming.py), each of which it
+may take over or alter. Without a source every request is answered as asked.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
-from eaglepipe.emulator import shapes
+from starlette.responses import Response
+
+from eaglepipe.chat_api import ChatCompletion
+from eaglepipe.emulator.account import Account, Traffic
+from eaglepipe.emulator.chat_request import ChatRequest
+from eaglepipe.emulator.completion import Completion
 from eaglepipe.emulator.errors import ApiError
+from eaglepipe.emulator.providers import Endpoint
 
-# What OpenRouter says for each status (error_type, message); others get a generic line.
-_STATUS_TEXT = {
-    408: ("timeout", "Request timed out"),
-    429: ("rate_limit", "Rate limit exceeded: the provider is at capacity"),
-    400: ("invalid_request", "Bad request"),
-    402: ("payment_required", "Insufficient credits"),
-    403: ("forbidden", "Your request was flagged by moderation"),
-    500: ("server", "Internal server error"),
-    502: ("upstream", "Provider returned an invalid response"),
-    503: ("unavailable", "No provider is available for this request right now"),
-    524: ("timeout", "The provider timed out"),
-    529: ("overloaded", "The provider is overloaded"),
-}
-_LIMIT_TEXT = {
-    "openrouter_in_flight_budget": "The estimated cost of your requests in flight fills your budget",
-    "openrouter_key_limit": "Key limit exceeded",
-    "openrouter_workspace_budget": "Workspace budget exceeded",
-    "openrouter_guardrail_budget": "Guardrail budget exceeded",
-    "openrouter_credits": "Insufficient credits",
-}
+AccountRoute = Literal["key", "generation"]
 
 
 @dataclass(frozen=True)
-class FaultRule:
-    """One checked rule; fields a kind does not use keep their defaults."""
+class ChatCall:
+    """What a fault source sees of a chat request once it is checked and routed, and the server state a
+    fault may touch (its counts, its bills)."""
 
-    kind: str
-    probability: float = 0.0
-    status: int = 0
-    retry_after_s: float | None = None
-    code: str | None = None
-    body_code: str | None = None
-    limit_source: str | None = None
-    provider_name: str | None = None
-    raw: str | None = None
-    every_s: float = 0.0
-    duration_s: float = 0.0
-    seconds: float = 0.0
-    after_tokens: int = 1
-    route: str = "chat"
-    # A named shape (shapes.py): the rule's own kind, or what a burst sends.
-    shape: str | None = None
-    times: int | None = None
-    provider: str | None = None
-    after_s: float = 0.0
-
-    def api_error(self) -> ApiError:
-        """The HTTP error of a `status` or `burst` rule, in OpenRouter's body."""
-        error_type, text = _STATUS_TEXT.get(self.status, ("server", f"Upstream error {self.status}"))
-        extra: dict[str, Any] = {} if self.code is None else {"reason": self.code}
-        if self.limit_source:
-            text = _LIMIT_TEXT.get(self.limit_source, f"Limit reached ({self.limit_source})")
-            extra |= {"limit_source": self.limit_source, "limit_usd": 10.0, "spend_usd": 10.0}
-        if self.provider_name:
-            text = "Provider returned error"
-            extra |= {"provider_name": self.provider_name, "raw": self.raw}
-        return ApiError(
-            self.status,
-            f"{text} (emulator fault injection)",
-            error_type,
-            retry_after_s=self.retry_after_s,
-            code=self.body_code,
-            **extra,
-        )
+    chat: ChatRequest
+    endpoint: Endpoint
+    endpoints: Sequence[Endpoint]
+    traffic: Traffic
+    account: Account
 
 
-NO_FAULT = FaultRule("none")
+@dataclass(frozen=True)
+class StreamFailure:
+    """Ends a stream with `chunk` (an error chunk), counted as an error of `status`."""
+
+    status: int
+    chunk: dict[str, Any]
 
 
-class FaultSource(Protocol):
-    def draw(self, route: str = "chat", provider: str | None = None) -> FaultRule:
-        """The fault for the next request to `route` ("chat", "generation", "key") served by `provider`."""
+@dataclass(frozen=True)
+class StreamTail:
+    """What follows a stream's finish chunk: `chunks` (by default the usage chunk, if the answer reports
+    usage), then `[DONE]` unless `done` is off."""
+
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = True
+
+
+class StreamFault(Protocol):
+    """What a fault does to a generated stream, at the points `Delivery.events` calls it."""
+
+    @property
+    def runs_out(self) -> bool:
+        """The provider generates (and bills) the whole answer even if the client's connection ends early."""
+        ...
+
+    def before_tokens(self) -> AsyncIterator[str]:
+        """Events sent after the opening comment, before the first token (a stall's keep-alives)."""
+        ...
+
+    def after_event(self, completion: Completion) -> StreamFailure | bool:
+        """After each content event: an error to end with, True to read no more tokens, else False."""
+        ...
+
+    def after_tokens(self, completion: Completion) -> StreamFailure | bool:
+        """Once no more tokens are read: an error to end with, True to end the body here without a
+        finish (or it raises, to break the connection), else False to finish as usual."""
+        ...
+
+    def tail(self, completion: Completion, usual: StreamTail) -> StreamTail:
+        """What follows the finish chunk, given what usually does."""
         ...
 
 
-class NoFaults:
-    """The served default: every request answered as asked."""
+class ChatFault(StreamFault, Protocol):
+    """One request's fault, at the points `Emulator` calls it; each may leave the answer as it is."""
 
-    def draw(self, route: str = "chat", provider: str | None = None) -> FaultRule:
-        return NO_FAULT
+    @property
+    def endpoint(self) -> Endpoint:
+        """The endpoint that serves and bills the answer (a misrouting fault names another)."""
+        ...
+
+    def refuse(self) -> Response | None:
+        """Before anything is reserved: a response in place of the answer (or it raises `ApiError`)."""
+        ...
+
+    async def replace(self, completion: Completion, headers: dict[str, str]) -> Response | None:
+        """Before generating: a response in place of the generated answer, else None (it may mark the
+        completion: usage, cost, how it says it finished)."""
+        ...
+
+    def whole(self, body: ChatCompletion, headers: dict[str, str]) -> Response | None:
+        """After a whole (not streamed) answer was generated and billed: a response in place of `body`."""
+        ...
 
 
-def shaped_error(shape: shapes.ErrorShape | None, provider: str) -> tuple[int, dict[str, Any]]:
-    """(status, error object) of an error inside an HTTP 200 or a stream: the shape's as `provider` sends
-    it, else a generic 502."""
-    if shape is None:
-        generic = ApiError(
-            502, "Provider returned an error mid-answer (emulator fault injection)", "upstream"
-        )
-        return generic.status, generic.body()["error"]
-    return shape.status, shape.error(time.time(), provider)
+class FaultSource(Protocol):
+    """Decides each request's fault; None answers it as asked."""
+
+    def chat(self, call: ChatCall) -> ChatFault | None: ...
+
+    def account(self, route: AccountRoute, traffic: Traffic) -> ApiError | None:
+        """An error answered in place of an accounting route (`/key`, `/generation`)."""
+        ...

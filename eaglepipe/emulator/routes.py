@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from eaglepipe.emulator.errors import ApiError
-from eaglepipe.emulator.faults import NO_FAULT
+from eaglepipe.emulator.faults import AccountRoute
 
 if TYPE_CHECKING:
     from eaglepipe.emulator.app import Emulator
@@ -83,12 +83,11 @@ async def model_endpoints(emulator: Emulator, request: Request) -> Response:
     return JSONResponse({"data": {**data, "endpoints": [e.public for e in emulator.endpoints]}})
 
 
-def _account_fault(emulator: Emulator, route: str) -> None:
-    """A `status`/`burst` rule on an accounting route answers in place of the route."""
-    fault = emulator.faults.draw(route)
-    if fault is not NO_FAULT:
-        emulator.traffic.faults[f"{fault.kind}@{route}"] += 1
-        raise fault.api_error()
+def _account_fault(emulator: Emulator, route: AccountRoute) -> None:
+    """The fault source's error, if it has one, answers in place of an accounting route."""
+    error = None if emulator.faults is None else emulator.faults.account(route, emulator.traffic)
+    if error is not None:
+        raise error
 
 
 async def key(emulator: Emulator, request: Request) -> Response:

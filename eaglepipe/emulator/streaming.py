@@ -2,25 +2,23 @@
 and billed and recorded once however it ends (finished, failed, cut, or the client gone).
 
 A stream starts with OpenRouter's `PROCESSING` comment, carries `tokens_per_event` tokens per content
-chunk (with their ids and logprobs when asked) and ends with its finish chunk, usage and `[DONE]`. The
-`Answer` also carries what an injected fault (faults.py) asks of it: a stall before the first token, an
-error or a cut after some tokens, an odd tail.
+chunk (with their ids and logprobs when asked) and ends with its finish chunk, usage and `[DONE]`. An
+`Answer` may carry a fault (faults.py), called where a stream can stall, fail, be cut or end oddly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from eaglepipe.emulator import shapes
+from eaglepipe.chat_api import ChatCompletion
 from eaglepipe.emulator.account import Account, Traffic
 from eaglepipe.emulator.backend import (
     GeneratedToken,
@@ -32,51 +30,31 @@ from eaglepipe.emulator.backend import (
 )
 from eaglepipe.emulator.chat_request import ChatRequest
 from eaglepipe.emulator.completion import Completion, logprobs_body
-from eaglepipe.emulator.errors import ApiError, InjectedReset
-from eaglepipe.emulator.faults import shaped_error
+from eaglepipe.emulator.errors import ApiError
+from eaglepipe.emulator.faults import StreamFailure, StreamFault, StreamTail
 
 PROCESSING = ": OPENROUTER PROCESSING\n\n"
-KEEPALIVE_EVERY_S = 1.0  # a stalled stream sends PROCESSING this often, as OpenRouter does while it waits
 DONE = "data: [DONE]\n\n"
-
-
-def hide_injected_resets(record: logging.LogRecord) -> bool:
-    """A log filter for uvicorn, which logs every exception that ends a response: a reset on purpose
-    is no error."""
-    return not (record.exc_info and isinstance(record.exc_info[1], InjectedReset))
 
 
 @dataclass(eq=False)
 class Answer:
-    """One request being generated; `fails_after` is where an injected midstream error cuts it (with
-    `fails_with`'s error, else a generic 502)."""
+    """One request being generated, and the fault (if any) called at the points a stream can go wrong."""
 
     chat: ChatRequest
     completion: Completion
     generation: GenerationRequest
     tokens: AsyncIterator[GeneratedToken]
-    fails_after: int | None = None
-    fails_with: shapes.ErrorShape | None = None
-    # The `cutoff` fault: the connection breaks after this many tokens, the provider runs the answer out;
-    # with `cut_clean` (the `unfinished` shape) the body ends cleanly there instead.
-    cut_after: int | None = None
-    cut_clean: bool = False
-    # The `stall` fault: seconds of keep-alive comments before the first token.
-    stall_s: float = 0.0
-    # How the stream ends after its finish chunk (`usage_after_finish`, `duplicate_finish`,
-    # `ended_after_finish`; None as OpenRouter does).
-    tail: str | None = None
+    fault: StreamFault | None = None
     settled: bool = False
 
 
 class _MidstreamError(Exception):
-    """Ends a stream with an error chunk carrying `error` (with or without a choice)."""
+    """Ends a stream with `failure`'s error chunk."""
 
-    def __init__(self, status: int, error: dict[str, Any], with_choices: bool = True) -> None:
-        super().__init__(error.get("message"))
-        self.status = status
-        self.error = error
-        self.with_choices = with_choices
+    def __init__(self, failure: StreamFailure) -> None:
+        super().__init__(failure.status)
+        self.failure = failure
 
 
 class EventStream(StreamingResponse):
@@ -100,21 +78,16 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-def sse_answer(chunks: list[dict[str, Any]], headers: dict[str, str]) -> Response:
-    """A short stream sent whole: the injected answers that carry no tokens."""
-    text = PROCESSING + "".join(sse(chunk) for chunk in chunks) + DONE
-    return Response(text, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
-
-
 def _server_error(exc: Exception) -> dict[str, Any]:
     error: dict[str, Any] = ApiError(500, str(exc), "server").body()["error"]
     return error
 
 
-def _midstream_error(answer: Answer) -> _MidstreamError:
-    with_choices = answer.fails_with is None or answer.fails_with.where != "chunk_no_choices"
-    status, error = shaped_error(answer.fails_with, answer.completion.endpoint.answer_name)
-    return _MidstreamError(status, error, with_choices)
+def _checked(outcome: StreamFailure | bool) -> bool:
+    """A fault hook's answer: an error ends the stream with it; else whether the hook said stop."""
+    if isinstance(outcome, StreamFailure):
+        raise _MidstreamError(outcome)
+    return outcome
 
 
 class Delivery:
@@ -158,16 +131,14 @@ class Delivery:
         self.account.record(completion, content)
         self.traffic.responses_completed += completion.complete
 
-    async def whole(self, answer: Answer, headers: dict[str, str], *, empty: bool = False) -> Response:
-        """The generated answer in one body (`empty`: billed, but the message left empty)."""
+    async def whole(self, answer: Answer) -> ChatCompletion:
+        """The generated answer's body, in one piece."""
         completion = answer.completion
         try:
             async for token in answer.tokens:
                 completion.add(token)
             completion.complete = True
             message = self.replies.message(completion)  # before settling: it sets the finish reason's cause
-            if empty:
-                message = {"content": ""}
         except GenerationFailed as exc:
             completion.failed = True
             raise ApiError(500, str(exc), "server") from None
@@ -179,7 +150,7 @@ class Delivery:
             else None
         )
         with_token_ids = answer.chat.return_token_ids and self.replies.returns_token_ids(completion.endpoint)
-        return JSONResponse(completion.body(message, logprobs, with_token_ids), headers=headers)
+        return completion.body(message, logprobs, with_token_ids)
 
     async def events(self, answer: Answer) -> AsyncIterator[str]:
         """The SSE events of a streamed answer, `event_tokens` tokens per content chunk."""
@@ -208,13 +179,11 @@ class Delivery:
             )
             return head + "".join(event(completion.chunk(delta)) for delta in rest)
 
+        fault = answer.fault
         yield PROCESSING
-        stall_left_s = answer.stall_s
-        while stall_left_s > 0:
-            pause_s = min(KEEPALIVE_EVERY_S, stall_left_s)
-            await asyncio.sleep(pause_s)
-            stall_left_s -= pause_s
-            yield PROCESSING
+        if fault is not None:
+            async for comment in fault.before_tokens():
+                yield comment
         group: list[GeneratedToken] = []
         try:
             async for token in answer.tokens:
@@ -224,48 +193,47 @@ class Delivery:
                 if len(group) == generation.event_tokens:
                     yield content(group)
                     group = []
-                    if answer.fails_after is not None and len(completion.tokens) >= answer.fails_after:
-                        raise _midstream_error(answer)
-                    if answer.cut_after is not None and len(completion.tokens) >= answer.cut_after:
+                    if fault is not None and _checked(fault.after_event(completion)):
                         break
             else:
                 if group:
                     yield content(group)
-                if answer.fails_after is not None:  # the answer ended before the planned failure
-                    raise _midstream_error(answer)
-            if answer.cut_after is not None:  # cut here (or at its end, if it ended before the planned cut)
-                if answer.cut_clean:
-                    return  # the body ends cleanly; `on_close` lets the provider run the answer out
-                raise InjectedReset("stream cut on purpose (emulator fault injection)")
+            if fault is not None and _checked(fault.after_tokens(completion)):
+                return  # the body ends here; `on_close` settles it
             completion.complete = True
             *rest, last = deltas.flush() or [{"content": ""}]
             for delta in rest:
                 yield event(completion.chunk(delta))
             yield event(completion.chunk(last, finish=True))
-            if answer.tail == "duplicate_finish":
-                yield event(completion.chunk({"content": ""}, finish=True))
-            if answer.tail == "ended_after_finish":
+            tail = StreamTail([completion.usage_chunk()] if completion.reports_usage else [])
+            if fault is not None:
+                tail = fault.tail(completion, tail)
+            for chunk in tail.chunks:
+                yield event(chunk)
+            if not tail.done:
                 self.end_stream(answer)
                 return
-            if completion.reports_usage:
-                yield sse(completion.usage_chunk(with_choice=answer.tail == "usage_after_finish"))
         except (GenerationFailed, _MidstreamError) as exc:
-            failure = exc if isinstance(exc, _MidstreamError) else _MidstreamError(500, _server_error(exc))
+            failure = (
+                exc.failure
+                if isinstance(exc, _MidstreamError)
+                else StreamFailure(500, completion.error_chunk(_server_error(exc)))
+            )
             completion.failed = True
             self.traffic.errors[failure.status] += 1
-            yield sse(completion.error_chunk(failure.error, with_choices=failure.with_choices))
+            yield sse(failure.chunk)
         self.end_stream(answer)  # before the last bytes, so `/generation` knows it once they arrive
         yield DONE
 
     def end_stream(self, answer: Answer) -> None:
         """Settle a stream once, however it ended. A client that left an engine that cannot cancel is
-        billed for the whole answer, once the engine has run it out; so is one cut by the `cutoff` fault,
+        billed for the whole answer, once the engine has run it out; so is one whose fault `runs_out`,
         whatever the engine."""
         if answer.settled:
             return
         answer.settled = True
         completion = answer.completion
-        cancels = self.engine.cancellable and answer.cut_after is None
+        cancels = self.engine.cancellable and not (answer.fault is not None and answer.fault.runs_out)
         if completion.complete or completion.failed or cancels:
             self._settle(answer)
             self.traffic.in_flight -= 1

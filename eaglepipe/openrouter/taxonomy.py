@@ -5,7 +5,7 @@ Each failed attempt is matched against `FAILURES` in order; the first row that f
 status (or the code of an error carried inside an HTTP 200), OpenRouter's error metadata (`limit_source`,
 `provider_name`, `raw`), the wait headers (`ratelimit.py`), and what kind of thing failed (`Observed`).
 `docs/generation.md` lists the same rows with where each shape was documented or reported; a test keeps
-the two equal, and the emulator can produce every row (`eaglepipe/emulator/shapes.py`).
+the two equal, and the tests' emulator can produce every row (`tests/support/emulator/shapes.py`).
 
 Verdicts:
 - `throttle`: "not now". Wait as told (the longest wait given; a rate-limit window's reset holds every new

@@ -4,13 +4,14 @@ with the tests' modes.
 `--synthetic` serves made-up answers at a provider's pace with no model at all (torch is never imported),
 to rehearse thousands of requests in flight; `--synthetic --kimi-corpus DIR` serves the offline Kimi
 corpus with each endpoint's reply habits (kimi_mode.py); `--faults FILE` (any mode) injects failures
-(fault_plan.py), and `POST /api/v1/emulator/faults` replaces them live. Everything else is
-`python -m eaglepipe.emulator`'s.
+(fault_plan.py, through the server's hook: fault_source.py), and `POST /api/v1/emulator/faults` replaces
+them live. Everything else is `python -m eaglepipe.emulator`'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -18,7 +19,9 @@ from pathlib import Path
 
 from eaglepipe.emulator.__main__ import Setup, build_parser, check_args, model_setup, refuse_habits, serve
 from eaglepipe.emulator.providers import load_endpoints
-from support.emulator.fault_plan import faults_route, load_faults
+from support.emulator.fault_plan import load_faults
+from support.emulator.fault_source import PlannedFaults, faults_route
+from support.emulator.injected import hide_injected_resets
 
 # Synthetic-mode options: (default, lowest allowed); they mean nothing to a model.
 SYNTHETIC_OPTIONS: dict[str, tuple[float, float]] = {
@@ -95,8 +98,9 @@ def _synthetic_setup(args: argparse.Namespace) -> Setup:
 
 
 def setup(args: argparse.Namespace) -> Setup:
-    faults = load_faults(args.faults, args.fault_seed)
+    faults = PlannedFaults(load_faults(args.faults, args.fault_seed))
     served = _synthetic_setup(args) if args.synthetic else model_setup(args, HABITS_HINT)
+    logging.getLogger("uvicorn.error").addFilter(hide_injected_resets)
     return replace(
         served,
         faults=faults,

@@ -1,5 +1,6 @@
 """The tests' fault plans (`--faults FILE`, or `POST /api/v1/emulator/faults` live): the ways OpenRouter and
-its providers fail, on demand, through the server's hook (eaglepipe/emulator/faults.py).
+its providers fail, on demand, through the server's hook (eaglepipe/emulator/faults.py; fault_source.py
+plugs a plan in, injected.py holds the answers a rule asks for).
 
 A client's retry, backoff and bookkeeping code only runs when something goes wrong, so the emulator
 can be told to go wrong: a YAML or JSON list of rules, each `{fault: KIND, ...}`. KIND is a generic kind
@@ -22,19 +23,82 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from eaglepipe.emulator import shapes
-from eaglepipe.emulator.app import Emulator
 from eaglepipe.emulator.errors import ApiError, EmulatorError
-from eaglepipe.emulator.faults import NO_FAULT, FaultRule
-from eaglepipe.emulator.routes import error_response
+from support.emulator import shapes
+
+# What OpenRouter says for each status (error_type, message); others get a generic line.
+_STATUS_TEXT = {
+    408: ("timeout", "Request timed out"),
+    429: ("rate_limit", "Rate limit exceeded: the provider is at capacity"),
+    400: ("invalid_request", "Bad request"),
+    402: ("payment_required", "Insufficient credits"),
+    403: ("forbidden", "Your request was flagged by moderation"),
+    500: ("server", "Internal server error"),
+    502: ("upstream", "Provider returned an invalid response"),
+    503: ("unavailable", "No provider is available for this request right now"),
+    524: ("timeout", "The provider timed out"),
+    529: ("overloaded", "The provider is overloaded"),
+}
+_LIMIT_TEXT = {
+    "openrouter_in_flight_budget": "The estimated cost of your requests in flight fills your budget",
+    "openrouter_key_limit": "Key limit exceeded",
+    "openrouter_workspace_budget": "Workspace budget exceeded",
+    "openrouter_guardrail_budget": "Guardrail budget exceeded",
+    "openrouter_credits": "Insufficient credits",
+}
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    """One checked rule; fields a kind does not use keep their defaults."""
+
+    kind: str
+    probability: float = 0.0
+    status: int = 0
+    retry_after_s: float | None = None
+    code: str | None = None
+    body_code: str | None = None
+    limit_source: str | None = None
+    provider_name: str | None = None
+    raw: str | None = None
+    every_s: float = 0.0
+    duration_s: float = 0.0
+    seconds: float = 0.0
+    after_tokens: int = 1
+    route: str = "chat"
+    # A named shape (shapes.py): the rule's own kind, or what a burst sends.
+    shape: str | None = None
+    times: int | None = None
+    provider: str | None = None
+    after_s: float = 0.0
+
+    def api_error(self) -> ApiError:
+        """The HTTP error of a `status` or `burst` rule, in OpenRouter's body."""
+        error_type, text = _STATUS_TEXT.get(self.status, ("server", f"Upstream error {self.status}"))
+        extra: dict[str, Any] = {} if self.code is None else {"reason": self.code}
+        if self.limit_source:
+            text = _LIMIT_TEXT.get(self.limit_source, f"Limit reached ({self.limit_source})")
+            extra |= {"limit_source": self.limit_source, "limit_usd": 10.0, "spend_usd": 10.0}
+        if self.provider_name:
+            text = "Provider returned error"
+            extra |= {"provider_name": self.provider_name, "raw": self.raw}
+        return ApiError(
+            self.status,
+            f"{text} (emulator fault injection)",
+            error_type,
+            retry_after_s=self.retry_after_s,
+            code=self.body_code,
+            **extra,
+        )
+
+
+NO_FAULT = FaultRule("none")
 
 # What a `status` or `burst` rule may say besides its status, as OpenRouter does: `code` goes to
 # `metadata.reason` (e.g. capacity_exhausted), `body_code` replaces the numeric `code` (OpenRouter sometimes
@@ -221,24 +285,3 @@ def fault_plan(entries: Any, seed: int, where: str) -> FaultPlan:
                 "total at most 1"
             )
     return FaultPlan(rules, seed)
-
-
-def faults_route(emulator: Emulator, seed: int) -> Route:
-    """`POST /api/v1/emulator/faults`: a body that is a list of rules, as a `--faults` file holds, replaces
-    the plan live (its clock and seed start again, and rate-limit windows it left closed open); 400 with
-    the checker's one line for a bad one."""
-
-    async def set_faults(request: Request) -> Response:
-        try:
-            entries = await request.json()
-        except ValueError:
-            entries = None
-        try:
-            plan = fault_plan(entries, seed, "POST /emulator/faults")
-        except EmulatorError as exc:
-            return error_response(ApiError(400, str(exc), "invalid_request"))
-        emulator.faults = plan
-        emulator.windows.clear()
-        return JSONResponse({"rules": len(plan.rules)})
-
-    return Route("/api/v1/emulator/faults", set_faults, methods=["POST"])

@@ -10,7 +10,7 @@ page or public bug report each was taken from. Three kinds:
   a stream event after some tokens (`"chunk"`, or `"chunk_no_choices"`: an error chunk whose `choices`
   is empty). `html` sends a web page instead of JSON (Cloudflare's).
 - `QUIRKS`: an answer that is whole but odd (finish reasons, trailing chunks, a cut stream).
-- the older generic kinds of the tests' fault plans (tests/support/emulator/fault_plan.py: `reset`,
+- the older generic kinds of the fault plans (fault_plan.py: `reset`,
   `stall`, `wrong_provider`, `no_usage`, ...), which some names reuse (`ALIASES`).
 """
 
@@ -348,8 +348,8 @@ ERRORS: dict[str, ErrorShape] = {
     ),
 }
 
-# Whole but odd answers (app.py and streaming.py shape them): finish reasons, trailing chunks, a
-# stream's end.
+# Whole but odd answers (fault_source.py shapes them through the server's hook): finish reasons,
+# trailing chunks, a stream's end.
 QUIRKS = {
     "finish_unnormalised": "finish_reason is the provider's own (end_turn), not OpenAI's",
     "finish_native_only": "finish_reason null, native_finish_reason stop (ai-sdk-provider#420)",
@@ -364,7 +364,7 @@ QUIRKS = {
     "not_json": "HTTP 200 whose body is cut JSON (plain) or whose event is not JSON (streamed)",
 }
 
-# Names kept by an older generic fault kind (tests/support/emulator/fault_plan.py), with the keys it needs.
+# Names kept by an older generic fault kind (fault_plan.py), with the keys it needs.
 ALIASES: dict[str, dict[str, Any]] = {
     "network": {"fault": "reset"},
     "network_midstream": {"fault": "cutoff", "after_tokens": 8},
