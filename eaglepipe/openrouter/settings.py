@@ -29,8 +29,7 @@ class EngineShaping(TypedDict):
 
 
 class Sampling(TypedDict):
-    """What a request sends as is (a seed only when set); unlike the schema, temperature and top_p have no
-    None, so each request states them."""
+    """What every request states: temperature and top_p (the schema always gives them), the seed when set."""
 
     temperature: float
     top_p: float
