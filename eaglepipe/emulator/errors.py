@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from eaglepipe.chat_api import ApiErrorObject, ErrorBody
 from eaglepipe.errors import EaglepipeError
 
 
@@ -37,8 +38,8 @@ class ApiError(Exception):
         self.code = status if code is None else code
         self.metadata = {"error_type": error_type, **metadata}
 
-    def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.code, "message": self.message, "metadata": self.metadata}
+    def body(self) -> ErrorBody:
+        error: ApiErrorObject = {"code": self.code, "message": self.message, "metadata": self.metadata}
         if self.retry_after_s is not None:
             error["metadata"] = {**self.metadata, "retry_after": self.retry_after_s}
             error["availability"] = {"retry_after": self.retry_after_s, "retryable": True}

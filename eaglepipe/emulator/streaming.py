@@ -79,8 +79,8 @@ def sse(payload: dict[str, Any]) -> str:
 
 
 def _server_error(exc: Exception) -> dict[str, Any]:
-    error: dict[str, Any] = ApiError(500, str(exc), "server").body()["error"]
-    return error
+    """As a stream's error chunk carries it: an object a fault's shape may also send off the API's form."""
+    return {**ApiError(500, str(exc), "server").body()["error"]}
 
 
 def _checked(outcome: StreamFailure | bool) -> bool:

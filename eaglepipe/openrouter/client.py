@@ -31,7 +31,7 @@ import certifi
 import httpx
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from eaglepipe.chat_api import ChatRequestFields
+from eaglepipe.chat_api import ChatRequestBody, ChatRequestFields
 from eaglepipe.openrouter.accounting import Tally, bill, close_failed
 from eaglepipe.openrouter.admission import Admission
 from eaglepipe.openrouter.admission import prompt_tokens_bound as prompt_tokens_bound
@@ -645,9 +645,9 @@ async def _complete_prompt(prompt: PromptRecord, route: ChatRoute, journal: Appe
         attempt += 1
         began = time.monotonic()
         request = run.request_fields()  # per attempt: the breaker may have dropped a provider meanwhile
-        body = {"messages": prompt["messages"], **request}
-        if prompt.get("tools"):
-            body["tools"] = prompt["tools"]
+        body: ChatRequestBody = {"messages": prompt["messages"], **request}
+        if tools := prompt.get("tools"):
+            body["tools"] = tools
         try:
             with anyio.fail_after(settings.request_timeout_s):
                 if settings.stream:

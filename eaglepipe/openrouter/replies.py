@@ -17,6 +17,7 @@ from typing import Any, TypedDict, cast
 
 import httpx
 
+from eaglepipe.chat_api import ChatRequestBody
 from eaglepipe.openrouter.answer_transport import ChatRoute, body_arrived
 from eaglepipe.openrouter.errors import error_detail, one_line
 from eaglepipe.openrouter.ratelimit import Wait, throttle_wait
@@ -98,7 +99,7 @@ class RequestFailed(Exception):
 
 async def read_reply(
     http: httpx.AsyncClient | ChatRoute,
-    body: dict[str, Any],
+    body: ChatRequestBody,
     on_started: Callable[[str], Awaitable[None]] | None = None,
 ) -> ReplyFields:
     """A non-streamed answer, read through httpx's streaming API so that the `X-Generation-Id` header,
@@ -173,7 +174,7 @@ EVENT_STREAM = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
 
 async def read_streamed_reply(
     http: httpx.AsyncClient | ChatRoute,
-    body: dict[str, Any],
+    body: ChatRequestBody,
     on_started: Callable[[str], Awaitable[None]] | None = None,
 ) -> ReplyFields:
     """`on_started(generation_id)` is awaited as soon as the id is known (header or first chunk), so a
@@ -487,7 +488,7 @@ def _record_fields(
     generation_id: str | None,
     usage: dict[str, Any] | None,
     response: httpx.Response,
-    body: dict[str, Any],
+    body: ChatRequestBody,
 ) -> ReplyFields:
     """The journal's fields of a reply judged complete (`taxonomy.judge_finish`); else the failure."""
     usage = usage or {}

@@ -41,7 +41,8 @@ def shaped_error(shape: shapes.ErrorShape | None, provider: str) -> tuple[int, d
         generic = ApiError(
             502, "Provider returned an error mid-answer (emulator fault injection)", "upstream"
         )
-        return generic.status, generic.body()["error"]
+        error: dict[str, Any] = {**generic.body()["error"]}  # a shape's may be off the API's form
+        return generic.status, error
     return shape.status, shape.error(time.time(), provider)
 
 
