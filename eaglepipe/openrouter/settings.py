@@ -199,10 +199,8 @@ class GenerationSettings:
     progress: bool = True
     # The server is the project's emulator (api.base_url: local): its providers and dollars are simulated.
     emulated: bool = False
-    # Where the answers come from (each record's `source`), and whether they are bought: an engine of the
-    # team's own has no key to check, no price and nothing to look up in `/generation`.
+    # Where the answers come from (each record's `source`); only `openrouter` is bought (`paid`).
     source: str = "openrouter"
-    paid: bool = True
     # The `provider` recorded for an answer whose server names none (an engine: "vllm", "sglang").
     server_name: str | None = None
     # What a request adds to get the server's ids back in its own form (see eaglepipe/answers/engine.py).
@@ -262,7 +260,6 @@ class GenerationSettings:
             return_token_ids=generation["return_token_ids"],
             emulated=emulated,
             source=source,
-            paid=source == "openrouter",
             server_name=server_name,
             extra_request_fields=extra_request_fields or ServerExtras(),
         )
@@ -277,6 +274,11 @@ class GenerationSettings:
             raise OpenRouterError(
                 f"generation setting request_timeout_s = {self.request_timeout_s}: must be > 0"
             )
+
+    @property
+    def paid(self) -> bool:
+        """Bought through OpenRouter: a key to check, a price, `/generation` to settle with."""
+        return self.source == "openrouter"
 
     def shared_request_fields(self, dropped: frozenset[str] = frozenset()) -> ChatRequestFields:
         """The request body minus the prompt: also what each record keeps as its `request`. Endpoints of
