@@ -14,7 +14,7 @@ import jsonschema
 import yaml
 from jsonschema.protocols import Validator
 
-from eaglepipe.config_types import Config
+from eaglepipe.config_types import Config, Source
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.layout import RunLayout
 
@@ -143,19 +143,24 @@ def is_local_api(config: Config) -> bool:
     return config["api"]["base_url"] == "local"
 
 
-ANSWER_SOURCES = ("openrouter", "engine", "import")
-
-
-def answer_source(config: Config, dataset: str) -> str:
+def answer_source(config: Config, dataset: str) -> Source:
     """Where the set's answers come from: its entry in `answers.sets`, else the run-wide `answers.source`."""
     answers = config["answers"]
     entry = answers["sets"].get(dataset)
-    return str(entry["source"]) if entry else str(answers["source"])
+    return Source(entry["source"] if entry else answers["source"])
 
 
-def sets_answered_by(config: Config, source: str, datasets: list[str]) -> list[str]:
-    """The sets of `datasets` whose answers come from `source` (one of ANSWER_SOURCES), in order."""
-    return [ds for ds in datasets if answer_source(config, ds) == source]
+def sets_answered_by(config: Config, source: Source, datasets: list[str]) -> list[str]:
+    """The sets of `datasets` whose answers come from `source`, in order."""
+    return [ds for ds in datasets if answer_source(config, ds) is source]
+
+
+def sets_to_buy(config: Config, datasets: list[str], layout: RunLayout) -> list[str]:
+    """The sets of `datasets` still to buy from a real API (the emulator's cost nothing): no responses yet."""
+    if is_local_api(config):
+        return []
+    bought = sets_answered_by(config, Source.OPENROUTER, datasets)
+    return [ds for ds in bought if not layout.responses(ds).is_file()]
 
 
 def section_fields(settings: type, section: Mapping[str, Any]) -> dict[str, Any]:

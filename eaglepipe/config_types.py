@@ -4,6 +4,7 @@ the schema has. The schema stays the only source of defaults and limits; `tests/
 keeps these keys equal to its keys. No `from __future__ import annotations`: TypedDict reads NotRequired
 only from evaluated annotations."""
 
+from enum import Enum
 from typing import Any, Literal, NotRequired, TypedDict
 
 
@@ -58,6 +59,17 @@ class ApiSection(TypedDict):
     key_file: str | None
     key_file_env: str
     emulator_text_like: Literal["exact", "vllm", "vllm_spaced", "sglang", "sglang_stripping"]
+
+
+class Source(Enum):
+    """Where a set's answers come from: `answers.source` (and `answers.sets`) by value, each record's
+    `source` in responses.jsonl, and the rule that answers the set, as that rule's `source` param. A plain
+    Enum on purpose: Snakemake leaves params of types it cannot represent out of its params rerun trigger,
+    so naming the source reruns no finished set (the config's choice already decides which rule runs)."""
+
+    OPENROUTER = "openrouter"
+    ENGINE = "engine"
+    IMPORT = "import"
 
 
 class AskedSetAnswers(TypedDict):

@@ -4,8 +4,8 @@ import re
 import sys
 from pathlib import Path
 
-from eaglepipe.answers.job import Source
 from eaglepipe.config import ConfigError, is_local_api, sets_answered_by, validate_config
+from eaglepipe.config_types import Source
 from eaglepipe.figures import FIGURES
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.dollars import dollar_budget_param
@@ -66,9 +66,9 @@ wildcard_constraints:
 
 # Where each set's answers come from (`answers`): one generation rule per source, each constrained to its
 # sets, so a set's rule and inputs show in its plan.
-BOUGHT_SETS = sets_answered_by(config, "openrouter", DATASETS)
-ENGINE_SETS = sets_answered_by(config, "engine", DATASETS)
-IMPORTED_SETS = sets_answered_by(config, "import", DATASETS)
+BOUGHT_SETS = sets_answered_by(config, Source.OPENROUTER, DATASETS)
+ENGINE_SETS = sets_answered_by(config, Source.ENGINE, DATASETS)
+IMPORTED_SETS = sets_answered_by(config, Source.IMPORT, DATASETS)
 
 
 def imported_answers(wildcards):

@@ -65,7 +65,7 @@ rule generate:
     output:
         responses=LAYOUT.responses(),
     params:
-        # Not a rerun trigger (eaglepipe.answers.job.Source): the config's choice of source picks the rule.
+        # Not a rerun trigger (eaglepipe.config_types.Source): the config's choice of source picks the rule.
         source=Source.OPENROUTER,
         # Only what changes the responses or completes a set belongs here: a change reruns the (paid) job,
         # which then resumes from the journal. Everything else comes from the settings input.

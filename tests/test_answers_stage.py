@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from eaglepipe.answers.job import Source
 from eaglepipe.answers.stage import SOURCES
+from eaglepipe.config_types import Source
 
 REPO = Path(__file__).resolve().parent.parent
 RULE = """
-from eaglepipe.answers.job import Source
+from eaglepipe.config_types import Source
 
 rule answers:
     output: "responses.jsonl"

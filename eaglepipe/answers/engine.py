@@ -27,7 +27,7 @@ from eaglepipe.answers.asked import AskedSet, ask_server, probe_loading
 from eaglepipe.answers.job import AnswersJob
 from eaglepipe.chat_api import ServerExtras
 from eaglepipe.config import section_fields
-from eaglepipe.config_types import EngineSection
+from eaglepipe.config_types import EngineSection, Source
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.openrouter.settings import EngineRequestParams, GenerationSettings
 from eaglepipe.processes import die_with_parent, last_log_line, stop_process_group
@@ -182,7 +182,7 @@ class EngineAnswers:
                 output_token_budget=job.output_token_budget,
                 dollar_budget=None,
                 max_failed_fraction=asked.max_failed_fraction,
-                source="engine",
+                source=Source.ENGINE,
                 server_name=engine.server,
                 extra_request_fields=server.dialect.request_fields(stream),
             )

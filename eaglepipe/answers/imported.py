@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 from eaglepipe.answers.job import AnswersJob
 from eaglepipe.chat_api import ChatRequestFields
+from eaglepipe.config_types import Source
 from eaglepipe.errors import EaglepipeError
 from eaglepipe.io import write_json
 from eaglepipe.messages import ToolCall
@@ -30,7 +31,7 @@ from eaglepipe.responses import ResponseBody, ResponseRecord, ResponseUsage, wri
 
 log = logging.getLogger(__name__)
 
-SOURCE = "import"
+SOURCE = Source.IMPORT.value
 FIX = "fix or remove the line, then rerun"
 # How many missing prompt ids the summary and the log name; the count says how many there are.
 SHOWN_IDS = 5

@@ -3,19 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Protocol
-
-
-class Source(Enum):
-    """Which rule answers a set, as its `source` param. A plain Enum on purpose: Snakemake leaves params of
-    types it cannot represent out of its params rerun trigger, so naming the source reruns no finished set
-    (the config's choice of source already decides which rule makes a set's responses)."""
-
-    OPENROUTER = "openrouter"
-    ENGINE = "engine"
-    IMPORT = "import"
 
 
 class AnswerSource(Protocol):

@@ -9,7 +9,8 @@ from typing import Any
 from eaglepipe.answers.bought import BoughtAnswers
 from eaglepipe.answers.engine import EngineAnswers
 from eaglepipe.answers.imported import ImportedAnswers
-from eaglepipe.answers.job import AnswersJob, AnswerSource, Source
+from eaglepipe.answers.job import AnswersJob, AnswerSource
+from eaglepipe.config_types import Source
 from eaglepipe.io import write_json
 from eaglepipe.openrouter.settings import OperationalParams
 

@@ -675,7 +675,7 @@ async def _complete_prompt(prompt: PromptRecord, route: ChatRoute, journal: Appe
                 reply["usage"] = {**(reply.get("usage") or {}), "cost": 0.0}
             record: ResponseRecord = {
                 "prompt_id": prompt["id"],
-                "source": settings.source,
+                "source": settings.source.value,
                 "fingerprint": settings.fingerprint,
                 "request": request,
                 **reply,

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
-from eaglepipe.config import is_local_api, sets_answered_by
+from eaglepipe.config import sets_to_buy
 from eaglepipe.config_types import Config, RoutingSection
 from eaglepipe.io import write_json
 from eaglepipe.layout import RunLayout
@@ -70,9 +70,5 @@ def read_providers(path: Path) -> ProvidersFile:
 
 def check_key_for_pending_sets(config: Config, datasets: list[str], layout: RunLayout) -> None:
     """`onstart`: fail before any job when a set still needs bought answers and there is no usable key."""
-    if is_local_api(config):
-        return
-    bought = sets_answered_by(config, "openrouter", datasets)
-    pending = [ds for ds in bought if not layout.responses(ds).is_file()]
-    if pending:
+    if sets_to_buy(config, datasets, layout):
         read_api_key(config["api"]["key_file"], config["api"]["key_file_env"])

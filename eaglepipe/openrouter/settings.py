@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
 from eaglepipe.chat_api import ChatRequestFields, Endpoint, ProviderPreferences, ServerExtras
-from eaglepipe.config_types import Config, EngineSection, RoutingSection
+from eaglepipe.config_types import Config, EngineSection, RoutingSection, Source
 from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import dearest_price
@@ -200,7 +200,7 @@ class GenerationSettings:
     # The server is the project's emulator (api.base_url: local): its providers and dollars are simulated.
     emulated: bool = False
     # Where the answers come from (each record's `source`); only `openrouter` is bought (`paid`).
-    source: str = "openrouter"
+    source: Source = Source.OPENROUTER
     # The `provider` recorded for an answer whose server names none (an engine: "vllm", "sglang").
     server_name: str | None = None
     # What a request adds to get the server's ids back in its own form (see eaglepipe/answers/engine.py).
@@ -220,7 +220,7 @@ class GenerationSettings:
         dollar_budget: DollarBudget | None,
         max_failed_fraction: float,
         emulated: bool = False,
-        source: str = "openrouter",
+        source: Source = Source.OPENROUTER,
         server_name: str | None = None,
         extra_request_fields: ServerExtras | None = None,
     ) -> GenerationSettings:
@@ -278,7 +278,7 @@ class GenerationSettings:
     @property
     def paid(self) -> bool:
         """Bought through OpenRouter: a key to check, a price, `/generation` to settle with."""
-        return self.source == "openrouter"
+        return self.source is Source.OPENROUTER
 
     def shared_request_fields(self, dropped: frozenset[str] = frozenset()) -> ChatRequestFields:
         """The request body minus the prompt: also what each record keeps as its `request`. Endpoints of

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from eaglepipe.config import is_local_api, sets_answered_by
+from eaglepipe.config import sets_to_buy
 from eaglepipe.config_types import Config
 from eaglepipe.layout import RunLayout, RunPath
 from eaglepipe.plan.estimate import spend_plan
@@ -161,10 +161,7 @@ def print_spend_plan(
 def key_file_problem(config: Config, layout: RunLayout) -> str | None:
     """A real run would stop before buying when sets are still to buy and the key file is missing or empty:
     a dry run says so too. The file is looked at, never read (the plan reads no key)."""
-    if is_local_api(config):
-        return None
-    bought = sets_answered_by(config, "openrouter", config["datasets"])
-    if all(layout.responses(ds).is_file() for ds in bought):
+    if not sets_to_buy(config, config["datasets"], layout):
         return None
     api = config["api"]
     named = api["key_file"] or os.environ.get(api["key_file_env"])

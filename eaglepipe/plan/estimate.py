@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglepipe.config import answer_source, is_local_api, sets_answered_by
-from eaglepipe.config_types import Config, HfSource, HiddenSection, JsonlSource, TargetSection
+from eaglepipe.config_types import Config, HfSource, HiddenSection, JsonlSource, Source, TargetSection
 from eaglepipe.hidden.storage import bytes_per_token, capped_tokens
 from eaglepipe.layout import RunLayout
 from eaglepipe.openrouter.budget import MIN_OBSERVATIONS
@@ -78,7 +78,7 @@ def spend_plan(
         hidden_size, hidden_size_source = config["target"]["hidden_size"], "target.hidden_size"
     bytes_per_token = shard_bytes_per_token(hidden_size, config["hidden"]["dtype"])
     count_input = InputTokens(target_dir)
-    bought_sets = sets_answered_by(config, "openrouter", config["datasets"])
+    bought_sets = sets_answered_by(config, Source.OPENROUTER, config["datasets"])
     sets = [_plan_set(config, ds, layout, fingerprint, prices, count_input, bought_sets) for ds in datasets]
     ledger = read_ledger(layout.ledger)
     spent = ledger.usd
@@ -91,7 +91,7 @@ def spend_plan(
     covered = [_with_hidden_tokens(item, config["hidden"], bytes_per_token) for item in covered]
     hidden_tokens = _sum_known(item.hidden_tokens for item in covered if item.status != "done")
     train_tokens = _sum_known(item.hidden_tokens for item in covered)
-    bought_output = [item for item in covered if item.status == "generate" and item.source == "openrouter"]
+    bought_output = [item for item in covered if item.to_buy]
     output_tokens = _sum_known(item.bought_output_tokens for item in bought_output)
     measured_yield, yield_sets = training_yield(layout, config["datasets"])
     return SpendPlan(
@@ -214,8 +214,8 @@ def with_coverage(sets: list[SetPlan], remaining_usd: float) -> list[SetPlan]:
         if item.status != "generate":
             out.append(item)
             continue
-        if item.source != "openrouter":  # answered by the team's engine or imported: costs nothing
-            out.append(replace(item, coverage=item.source, bought_output_tokens=item.output_tokens))
+        if not item.bought:
+            out.append(_unbought(item))
             continue
         if not priced or item.usd is None:
             priced = False
@@ -227,14 +227,19 @@ def with_coverage(sets: list[SetPlan], remaining_usd: float) -> list[SetPlan]:
     return out
 
 
+def _unbought(item: SetPlan) -> SetPlan:
+    """A set the team's engine or an import answers: it costs nothing, and all of it reaches training."""
+    return replace(item, coverage=item.source.value, bought_output_tokens=item.output_tokens)
+
+
 def with_shares(sets: list[SetPlan], share_usd: float, spent_by_set: dict[str, float]) -> list[SetPlan]:
     """budget.policy share: each bought set reaches as far as its part of budget.usd, less what it spent."""
     out = []
     for item in sets:
         if item.status != "generate":
             out.append(item)
-        elif item.source != "openrouter":
-            out.append(replace(item, coverage=item.source, bought_output_tokens=item.output_tokens))
+        elif not item.bought:
+            out.append(_unbought(item))
         elif item.usd is None:
             out.append(replace(item, coverage=UNKNOWN))
         else:
@@ -296,7 +301,7 @@ def _plan_set(
         return SetPlan(ds, "extract", todo_tokens=tokens, todo_samples=samples)
 
     answered_by = answer_source(config, ds)
-    journaled_as = engine_fingerprint(config) if answered_by == "engine" else fingerprint
+    journaled_as = engine_fingerprint(config) if answered_by is Source.ENGINE else fingerprint
     done = tally_done(layout.journal(ds), journaled_as)
     prompts_path = layout.prompt_set(ds)
     total: int | None
@@ -326,7 +331,7 @@ def _plan_set(
             # The token budget stops the set early: only the prompts answered before then are billed.
             input_tokens = round(input_tokens * output_tokens / uncapped)
     usd = None
-    if answered_by != "openrouter":
+    if answered_by is not Source.OPENROUTER:
         usd = 0.0
     elif prices is not None and output_tokens is not None:
         usd = prices.cost(input_tokens or 0, output_tokens)

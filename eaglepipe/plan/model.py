@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from eaglepipe.config_types import Source
 from eaglepipe.plan.hours import Hours
 
 UNKNOWN = "unknown"
@@ -43,7 +44,7 @@ class SetPlan:
     disk_bytes: int | None = None
     disk_at_least: bool = False  # input tokens unknown: the outputs' share only
     # Where its answers come from (`answers`): only `openrouter` sets are bought.
-    source: str = "openrouter"
+    source: Source = Source.OPENROUTER
     # What the dollars buy of `output_tokens` (coverage): all of it, part, or none.
     bought_output_tokens: int | None = None
     # The tokens its hidden states hold (under hidden.max_samples / max_tokens), at what the dollars buy.
@@ -54,6 +55,14 @@ class SetPlan:
     done_samples: int = 0
     todo_tokens: int | None = None
     todo_samples: int | None = None
+
+    @property
+    def bought(self) -> bool:
+        return self.source is Source.OPENROUTER
+
+    @property
+    def to_buy(self) -> bool:
+        return self.status == "generate" and self.bought
 
 
 @dataclass(frozen=True)

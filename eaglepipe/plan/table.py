@@ -67,7 +67,7 @@ def _coverage(item: SetPlan) -> str:
 def _dollar_range(item: SetPlan, plan: SpendPlan) -> tuple[float | None, float | None]:
     """(at the per-answer estimate, at max_tokens per answer): the token budget bounds both, and a set
     answered at max_tokens reaches it after fewer prompts, so fewer input tokens: the high end holds."""
-    if item.source != "openrouter":
+    if not item.bought:
         return 0.0, 0.0
     if item.usd is None or plan.prices is None or item.left is None:
         return item.usd, None
@@ -147,8 +147,8 @@ def _notes(plan: SpendPlan) -> list[str]:
 
 
 def _summary(plan: SpendPlan) -> list[str]:
-    buying = [item for item in plan.sets if item.status == "generate" and item.source == "openrouter"]
-    unbought = [item for item in plan.sets if item.status == "generate" and item.source != "openrouter"]
+    buying = [item for item in plan.sets if item.to_buy]
+    unbought = [item for item in plan.sets if item.status == "generate" and not item.bought]
     outputs_only = any(item.usd_at_least for item in buying)
     spent = (
         f"budget.usd ${plan.budget_usd:,.2f}: ${plan.spent_usd:,.4f} spent so far, "
@@ -176,7 +176,7 @@ def _summary(plan: SpendPlan) -> list[str]:
         if names:
             lines.append(f"  {label}: {', '.join(names)}")
     if unbought:
-        named = ", ".join(f"{item.name} ({item.source})" for item in unbought)
+        named = ", ".join(f"{item.name} ({item.source.value})" for item in unbought)
         lines.append(f"  not bought, $0: {named}")
     lines.extend(_too_small_for_one_request(plan, buying))
     lines.append(_yield_line(plan, buying))

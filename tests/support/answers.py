@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eaglepipe.answers.job import Source
 from eaglepipe.answers.stage import answer_set, answers_job, write_generation_settings
-from eaglepipe.config_types import Config
+from eaglepipe.config_types import Config, Source
 from eaglepipe.openrouter.fingerprint import engine_fingerprint
 from eaglepipe.openrouter.settings import engine_request_params, operational_params
 
