@@ -168,8 +168,23 @@ def ask_server(
     api_key: ApiKey | None,
     probe: UsabilityProbe | None,
 ) -> GenerationSummary:
-    """`generate_responses` for a job, with its set's journal and ledger."""
-    return generate_responses(
+    """`generate_responses` for a job, with its set's journal and ledger; the job's one-line account."""
+    summary = generate_responses(
         job.prompts, job.responses, job.summary, asked.journal, asked.ledger, job.dataset, settings, api_key,
         probe,
     )
+    if settings.paid:
+        spent = f", ${summary.dollars:.4f}" + (" (emulated: nothing bought)" if settings.emulated else "")
+    else:
+        spent = f" from the {settings.server_name} engine"
+    log.info(
+        "%s: %d done (%d resumed, %d truncated at max_tokens %d), %d tokens%s",
+        job.responses,
+        summary.done,
+        summary.resumed,
+        summary.truncated,
+        settings.max_tokens,
+        summary.completion_tokens,
+        spent,
+    )
+    return summary

@@ -4,7 +4,6 @@ dollars."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,6 @@ from eaglepipe.openrouter.dollars import DollarBudget
 from eaglepipe.openrouter.errors import OpenRouterError
 from eaglepipe.openrouter.routing import provider_request
 from eaglepipe.openrouter.settings import ApiSettings, GenerationSettings, JobGeneration, RequestParams
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,15 +74,4 @@ class BoughtAnswers:
                 max_failed_fraction=asked.max_failed_fraction,
                 emulated=api.local,
             )
-            summary = ask_server(job, asked, settings, key, probe.result())
-        log.info(
-            "%s: %d done (%d resumed, %d truncated at max_tokens %d), %d tokens, $%.4f%s",
-            job.responses,
-            summary.done,
-            summary.resumed,
-            summary.truncated,
-            gen["max_tokens"],
-            summary.completion_tokens,
-            summary.dollars,
-            " (emulated: nothing bought)" if settings.emulated else "",
-        )
+            ask_server(job, asked, settings, key, probe.result())

@@ -186,17 +186,7 @@ class EngineAnswers:
                 server_name=engine.server,
                 extra_request_fields=server.dialect.request_fields(stream),
             )
-            summary = ask_server(job, asked, settings, None, probe.result())
-        log.info(
-            "%s: %d done (%d resumed, %d truncated at max_tokens %d), %d tokens from the %s engine",
-            job.responses,
-            summary.done,
-            summary.resumed,
-            summary.truncated,
-            shaping["max_tokens"],
-            summary.completion_tokens,
-            engine.server,
-        )
+            ask_server(job, asked, settings, None, probe.result())
 
 
 @contextmanager
