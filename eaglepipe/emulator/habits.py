@@ -91,7 +91,7 @@ def stream_deltas(reply: EngineReply, habits: ReplyHabits) -> list[StreamDelta]:
     arguments in pieces)."""
     deltas = [reasoning_delta(piece, habits) for piece in _pieces(reply.reasoning or "")]
     deltas += [{"content": piece} for piece in _pieces(reply.content)]
-    for position, call in enumerate(tool_calls(reply)):
+    for position, call in enumerate(reply.tool_calls):
         deltas += call_deltas(position, call, habits)
     return deltas
 
@@ -105,20 +105,8 @@ def reply_message(reply: EngineReply, habits: ReplyHabits) -> MessageFields:
     if reply.reasoning:
         message["reasoning_details"] = [_reasoning_detail(reply.reasoning)]
     if reply.tool_calls:
-        message["tool_calls"] = tool_calls(reply)
+        message["tool_calls"] = reply.tool_calls
     return message
-
-
-def tool_calls(reply: EngineReply) -> list[ToolCall]:
-    """The reply's calls as the API sends them (the engine's reply keeps them as responses.jsonl does)."""
-    return [
-        {
-            "id": call["id"],
-            "type": "function",
-            "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
-        }
-        for call in reply.tool_calls
-    ]
 
 
 def reasoning_tokens(ids: list[int], think_end: int, thinking: bool) -> int:

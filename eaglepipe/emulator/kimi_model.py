@@ -20,7 +20,6 @@ from eaglepipe.emulator.habits import (
     reasoning_delta,
     reasoning_tokens,
     reply_message,
-    tool_calls,
 )
 from eaglepipe.emulator.providers import Endpoint
 from eaglepipe.emulator.text_like import SWITCHES, EngineReply
@@ -128,8 +127,7 @@ class GrowingReply:
                     reasoning_delta(piece, self.habits) if field == "reasoning" else {"content": piece}
                 )
                 setattr(self, field, now)
-        calls = tool_calls(reply)
-        for position in range(self.calls, len(calls)):
-            deltas += call_deltas(position, calls[position], self.habits)
+        for position in range(self.calls, len(reply.tool_calls)):
+            deltas += call_deltas(position, reply.tool_calls[position], self.habits)
         self.calls = len(reply.tool_calls)
         return deltas
