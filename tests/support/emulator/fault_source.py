@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -38,7 +39,6 @@ from support.emulator.injected import (
 )
 
 KEEPALIVE_EVERY_S = 1.0  # a stalled stream sends PROCESSING this often, as OpenRouter does while it waits
-_TAILS = frozenset({"usage_after_finish", "duplicate_finish", "ended_after_finish"})
 _FINISH_STYLES = frozenset({"finish_unnormalised", "finish_native_only", "finish_missing", "content_filter"})
 # The one choice some providers repeat in the usage chunk (`usage_after_finish`).
 _REPEATED_CHOICE = {"index": 0, "delta": {"content": ""}, "finish_reason": None, "native_finish_reason": None}
@@ -88,17 +88,17 @@ class RuleFault:
     windows: Windows
     closed: Response | None = None
 
-    @property
+    @cached_property
     def _error_shape(self) -> shapes.ErrorShape | None:
         return shapes.ERRORS.get(self.rule.shape or "")
 
-    @property
+    @cached_property
     def _fails_after(self) -> int | None:
         """Where a streamed answer fails with an error chunk (a midstream error, or an error shape)."""
         chunked = self.rule.kind == "midstream_error" or self._error_shape is not None
         return self.rule.after_tokens if chunked else None
 
-    @property
+    @cached_property
     def _cut_after(self) -> int | None:
         """Where a streamed answer is cut (`cutoff`: the connection breaks; `unfinished`: it ends cleanly)."""
         cut = self.rule.kind == "cutoff" or self.rule.shape == "unfinished"
@@ -177,7 +177,7 @@ class RuleFault:
         return False
 
     def tail(self, completion: Completion, usual: StreamTail) -> StreamTail:
-        tail = self.rule.shape if self.rule.shape in _TAILS else None
+        tail = self.rule.shape
         if tail == "duplicate_finish":
             return StreamTail([completion.chunk({"content": ""}, finish=True), *usual.chunks])
         if tail == "ended_after_finish":

@@ -10,10 +10,11 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from eaglepipe.chat_api import ApiErrorObject
 from eaglepipe.emulator.account import Account, Traffic
 from eaglepipe.emulator.chat_request import ChatRequest
 from eaglepipe.emulator.completion import Completion, FinishFields
@@ -151,20 +152,10 @@ def error_answer(
     if without_choices:
         assert shape is not None
         return JSONResponse({"error": error, **shape.extra}, headers=headers)
-    return JSONResponse(_error_body(completion, error), headers=headers)
-
-
-def _error_body(completion: Completion, error: dict[str, Any]) -> dict[str, Any]:
-    """The HTTP 200 whose only choice failed, as OpenRouter sends when a provider errs."""
-    choice = {
-        "index": 0,
-        "logprobs": None,
-        "finish_reason": "error",
-        "native_finish_reason": "error",
-        "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None},
-        "error": error,
-    }
-    return {**completion.header("chat.completion"), "choices": [choice], "usage": completion.usage()}
+    # The HTTP 200 whose only choice failed (finish_reason "error"), as OpenRouter sends when a provider errs.
+    body = completion.body({}, None, with_token_ids=False)
+    body["choices"][0]["error"] = cast(ApiErrorObject, error)
+    return JSONResponse(body, headers=headers)
 
 
 def stray_endpoint(
