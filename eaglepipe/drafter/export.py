@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from safetensors import safe_open
@@ -40,26 +40,31 @@ STACKED_PARAMS = (
 )
 
 
-class DrafterConfigJson(ServedLayerKeys):
-    """The exported drafter's config.json: a one-layer Llama config with EAGLE-3's keys."""
+class TransformerLayerConfig(TypedDict):
+    """The draft layer's Llama config: the part of config.json the speculators format copies."""
 
-    architectures: list[str]
     model_type: str
+    num_hidden_layers: int
     hidden_size: int
     intermediate_size: int
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    num_hidden_layers: int
-    hidden_act: str
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: None
     max_position_embeddings: int
     vocab_size: int
+    hidden_act: str
+    tie_word_embeddings: bool
+
+
+class DrafterConfigJson(TransformerLayerConfig, ServedLayerKeys):
+    """The exported drafter's config.json: a one-layer Llama config with EAGLE-3's keys."""
+
+    architectures: list[str]
     draft_vocab_size: int
     target_hidden_size: int
-    tie_word_embeddings: bool
     torch_dtype: str
 
 

@@ -17,29 +17,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eaglepipe.drafter import DrafterError
-from eaglepipe.drafter.export import ARCHITECTURE, DrafterConfigJson, TargetReference
+from eaglepipe.drafter.export import ARCHITECTURE, DrafterConfigJson, TargetReference, TransformerLayerConfig
 from eaglepipe.io import atomic_write, write_json
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release the format was checked against (tests)
-
-
-class TransformerLayerConfig(TypedDict):
-    """The draft layer's Llama config, copied from our exported config.json."""
-
-    model_type: str
-    num_hidden_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: None
-    max_position_embeddings: int
-    vocab_size: int
-    hidden_act: str
-    tie_word_embeddings: bool
 
 
 class ProposalMethod(TypedDict):

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
+from eaglepipe.responses import FinishEvidence
+
 if TYPE_CHECKING:
     from eaglepipe.openrouter.replies import RequestFailed
 
@@ -358,11 +360,6 @@ class ReplyAnswer(TypedDict):
     token_ids: NotRequired[list[int]]
     prompt_token_ids: NotRequired[list[int]]
     logprobs: NotRequired[KeptLogprobs]
-
-
-class FinishEvidence(TypedDict):
-    shape: str
-    native: NotRequired[str]
 
 
 class EvidenceField(TypedDict, total=False):
