@@ -25,6 +25,7 @@ from eaglepipe.drafter.distributed import train_data_parallel
 from eaglepipe.drafter.model import Eagle3Config, Eagle3Drafter
 from eaglepipe.drafter.train import TrainSettings
 from eaglepipe.layout import RunLayout
+from eaglepipe.target.architecture import TargetArchitecture
 from eaglepipe.target.layer_ids import default_aux_layers
 
 KIMI_TEXT_CONFIG = {  # Kimi-K2.5's language model, as the drafter mirrors it
@@ -60,7 +61,8 @@ def measure(
 
 def draft_flops_per_token() -> tuple[float, int]:
     """(training FLOPs per target token, trainable parameters) of the Kimi-K2.5 drafter."""
-    config = Eagle3Config.from_target(KIMI_TEXT_CONFIG, DRAFT_VOCAB, default_aux_layers(61))
+    target = TargetArchitecture.from_config(KIMI_TEXT_CONFIG, "Kimi-K2.5 text_config")
+    config = Eagle3Config.from_target(target, DRAFT_VOCAB, default_aux_layers(61))
     with torch.device("meta"):
         drafter = Eagle3Drafter(config, torch.empty(config.vocab_size, config.hidden_size))
     size = {name: p.numel() for name, p in drafter.named_parameters() if p.requires_grad}
